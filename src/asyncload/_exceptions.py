@@ -1,0 +1,167 @@
+"""Every error asyncload raises derives from :class:`LoadError`.
+
+Each subclass also inherits the built-in exception a caller already expects, so
+``except FileNotFoundError`` or ``except TimeoutError`` keep working::
+
+    LoadError
+    ├── StorageError                    a request to storage failed (url, status, attempts)
+    │   ├── NotFound                    + FileNotFoundError   404, NoSuchKey, ENOENT
+    │   ├── PermissionDenied            + PermissionError     401, 403, EACCES
+    │   ├── ConnectError                + ConnectionError     refused, reset, DNS, TLS
+    │   ├── ServerError                                       5xx, 429, SlowDown after retries
+    │   ├── IncompleteRead                                    body shorter than announced
+    │   ├── InvalidURL                  + ValueError          unknown scheme, malformed URL
+    │   └── RequestTimeout              (+ Timeout)           connect or read timed out
+    ├── Timeout                         + TimeoutError
+    │   ├── RequestTimeout              (+ StorageError)
+    │   └── BatchTimeout                + RuntimeError        DataLoader(timeout=...) exceeded
+    ├── WorkerError                     + RuntimeError        a worker died or could not start
+    ├── NotPicklable                    + TypeError           dataset/collate_fn can't reach a worker
+    └── ArchiveError                    + ValueError          unsafe or corrupt tar shard
+
+Messages never contain credentials: every URL passes through :func:`redact_url`.
+"""
+
+from __future__ import annotations
+
+from ._redact import redact_url
+
+__all__ = [
+    "ArchiveError",
+    "BatchTimeout",
+    "ConnectError",
+    "IncompleteRead",
+    "InvalidURL",
+    "LoadError",
+    "NotFound",
+    "NotPicklable",
+    "PermissionDenied",
+    "RequestTimeout",
+    "ServerError",
+    "StorageError",
+    "Timeout",
+    "WorkerError",
+]
+
+
+class LoadError(Exception):
+    """Root of every error raised by asyncload.
+
+    Example:
+        >>> try:
+        ...     raise NotFound("missing", url="s3://bucket/key", status=404)
+        ... except LoadError as exc:
+        ...     print(type(exc).__name__, exc.url)
+        NotFound s3://bucket/key
+    """
+
+
+class StorageError(LoadError):
+    """A read, stat or list against storage failed.
+
+    Attributes:
+        url: The URL, with credentials redacted.
+        status: The HTTP status (or the closest equivalent), ``None`` when no response came.
+        attempts: How many attempts were made, retries included.
+    """
+
+    def __init__(
+        self, message: str, *, url: str | None = None, status: int | None = None, attempts: int = 1
+    ) -> None:
+        self.url = redact_url(url) if url is not None else None
+        self.status = status
+        self.attempts = attempts
+        message = redact_url(message)
+        details = []
+        if self.url is not None and self.url not in message:
+            details.append(self.url)
+        if status is not None:
+            details.append(f"status {status}")
+        if attempts > 1:
+            details.append(f"after {attempts} attempts")
+        if details:
+            message = f"{message} ({', '.join(details)})"
+        super().__init__(message)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # Keyword-only fields must survive the trip from a worker process to the main one.
+        return (_rebuild_storage_error, (type(self), self.args[0], self.url, self.status, self.attempts))
+
+
+def _rebuild_storage_error(
+    cls: type[StorageError], message: str, url: str | None, status: int | None, attempts: int
+) -> StorageError:
+    exc = cls.__new__(cls)
+    Exception.__init__(exc, message)
+    exc.url, exc.status, exc.attempts = url, status, attempts
+    return exc
+
+
+class NotFound(StorageError, FileNotFoundError):
+    """The object does not exist (HTTP 404, S3 NoSuchKey, a missing file). Never retried."""
+
+
+class PermissionDenied(StorageError, PermissionError):
+    """Credentials are missing or not allowed to read the object (401/403). Never retried."""
+
+
+class ConnectError(StorageError, ConnectionError):
+    """No connection could be made or kept (refused, reset, DNS, TLS verification)."""
+
+
+class ServerError(StorageError):
+    """The server kept failing (5xx, 429, SlowDown) after every retry was spent."""
+
+
+class IncompleteRead(StorageError):
+    """The body ended before its announced length, on every attempt."""
+
+
+class InvalidURL(StorageError, ValueError):
+    """The URL is malformed or its scheme has no registered backend."""
+
+
+class Timeout(LoadError, TimeoutError):
+    """Something took longer than its deadline."""
+
+
+class RequestTimeout(StorageError, Timeout):
+    """Connecting, or reading the body, exceeded its timeout on every attempt."""
+
+
+class BatchTimeout(Timeout, RuntimeError):
+    """No batch arrived within ``DataLoader(timeout=...)`` seconds.
+
+    Also a :class:`RuntimeError`, which is what torch's DataLoader raises in this case.
+    """
+
+
+class WorkerError(LoadError, RuntimeError):
+    """A worker process died, was killed, or could not be started.
+
+    Attributes:
+        worker_id: The worker's id (0-based), or ``None``.
+        pid: The worker's process id, or ``None``.
+        exitcode: Its exit code; negative values are the signal that killed it.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        worker_id: int | None = None,
+        pid: int | None = None,
+        exitcode: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.worker_id = worker_id
+        self.pid = pid
+        self.exitcode = exitcode
+
+
+class NotPicklable(LoadError, TypeError):
+    """An object the workers need (dataset, collate_fn, worker_init_fn) can't be pickled."""
+
+
+class ArchiveError(LoadError, ValueError):
+    """A tar shard is corrupt or holds an unsafe member (absolute path, ``..``, link, device)."""

@@ -1,0 +1,178 @@
+"""A real aiohttp object server on 127.0.0.1 for tests, with latency and faults injected.
+
+It runs in a background thread with its own event loop so that both the test process and the
+loader's worker processes reach it over loopback TCP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import random
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+# Faults a test can queue per path; each request to that path takes the next one:
+#   "503", "500", "502", "504", "429", "404", "403", "401": respond with that status
+#   "retry-after:S": 503 with a Retry-After header of S seconds
+#   "short": announce the full Content-Length, send half the body, close the connection
+#   "reset": send headers and a little body, then abort the TCP connection
+#   "stall:S": send headers, then sleep S seconds before the body
+FAULTS = ("500", "502", "503", "504", "429", "404", "403", "401", "short", "reset")
+
+
+@dataclass
+class ObjectServer:
+    """State shared between the test and the server's handlers."""
+
+    host: str = "127.0.0.1"
+    port: int = 0
+    objects: dict[str, bytes] = field(default_factory=dict)
+    latency: float = 0.0
+    jitter: float = 0.0
+    faults: dict[str, collections.deque[str]] = field(default_factory=dict)
+    hits: collections.Counter[str] = field(default_factory=collections.Counter)
+    headers_seen: list[dict[str, str]] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def url_for(self, path: str) -> str:
+        return f"{self.url}/{path.lstrip('/')}"
+
+    def put(self, path: str, data: bytes) -> str:
+        self.objects[path.lstrip("/")] = data
+        return self.url_for(path)
+
+    def fail(self, path: str, *faults: str) -> None:
+        self.faults.setdefault(path.lstrip("/"), collections.deque()).extend(faults)
+
+    def reset(self) -> None:
+        self.objects.clear()
+        self.faults.clear()
+        self.hits.clear()
+        self.headers_seen.clear()
+        self.latency = 0.0
+        self.jitter = 0.0
+
+
+def _parse_range(header: str, size: int) -> tuple[int, int] | None:
+    # "bytes=START-END" (END inclusive) or "bytes=START-" or "bytes=-SUFFIX".
+    if not header.startswith("bytes="):
+        return None
+    spec = header[len("bytes=") :].split(",")[0].strip()
+    start_s, _, end_s = spec.partition("-")
+    if start_s == "":
+        n = int(end_s)
+        return max(0, size - n), size
+    start = int(start_s)
+    end = int(end_s) + 1 if end_s else size
+    return start, min(end, size)
+
+
+def _make_app(state: ObjectServer) -> web.Application:
+    async def handle(request: web.Request) -> web.StreamResponse:
+        path = request.match_info["path"]
+        state.hits[path] += 1
+        if state.latency or state.jitter:
+            await asyncio.sleep(state.latency + random.uniform(0, state.jitter))
+        queue = state.faults.get(path)
+        fault = queue.popleft() if queue else None
+        if fault is not None:
+            if fault.isdigit():
+                return web.Response(status=int(fault), text=f"injected {fault}")
+            if fault.startswith("retry-after:"):
+                return web.Response(
+                    status=503, headers={"Retry-After": fault.split(":", 1)[1]}, text="slow down"
+                )
+        data = state.objects.get(path)
+        if data is None:
+            return web.Response(status=404, text="no such object")
+        status, body = 200, data
+        rng = request.headers.get("Range")
+        headers = {"Accept-Ranges": "bytes", "ETag": f'"{hash(data) & 0xFFFFFFFF:x}"'}
+        if rng:
+            span = _parse_range(rng, len(data))
+            if span is not None:
+                start, end = span
+                status, body = 206, data[start:end]
+                headers["Content-Range"] = f"bytes {start}-{end - 1}/{len(data)}"
+        if request.method == "HEAD":
+            return web.Response(status=status, headers={**headers, "Content-Length": str(len(body))})
+        if fault in ("short", "reset") or (fault or "").startswith("stall:"):
+            resp = web.StreamResponse(status=status, headers=headers)
+            resp.content_length = len(body)
+            await resp.prepare(request)
+            if fault.startswith("stall:"):
+                await asyncio.sleep(float(fault.split(":", 1)[1]))
+                await resp.write(body)
+                await resp.write_eof()
+                return resp
+            await resp.write(body[: len(body) // 2])
+            transport = request.transport
+            if transport is not None:
+                if fault == "reset":
+                    transport.abort()
+                else:
+                    transport.close()
+            return resp
+        return web.Response(status=status, body=body, headers=headers)
+
+    app = web.Application()
+    app.router.add_route("GET", "/{path:.*}", handle)
+    app.router.add_route("HEAD", "/{path:.*}", handle)
+    return app
+
+
+@dataclass
+class _Running:
+    state: ObjectServer
+    loop: asyncio.AbstractEventLoop
+    thread: threading.Thread
+    stop: asyncio.Event | None = None
+
+
+def serve_in_thread(state: ObjectServer | None = None) -> _Running:
+    """Start the server on an ephemeral loopback port; returns once it accepts connections."""
+    state = state or ObjectServer()
+    loop = asyncio.new_event_loop()
+    ready = threading.Event()
+    running = _Running(state, loop, threading.Thread())
+
+    async def main() -> None:
+        runner = web.AppRunner(_make_app(state), access_log=None, handler_cancellation=True)
+        await runner.setup()
+        site = web.TCPSite(runner, state.host, state.port, backlog=1024)
+        await site.start()
+        server = site._server
+        assert server is not None
+        state.port = server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        running.stop = asyncio.Event()
+        ready.set()
+        await running.stop.wait()
+        await runner.cleanup()
+
+    running.thread = threading.Thread(target=loop.run_until_complete, args=(main(),), daemon=True)
+    running.thread.start()
+    if not ready.wait(10):
+        raise RuntimeError("loopback HTTP server did not start")
+    return running
+
+
+def stop(running: _Running) -> None:
+    assert running.stop is not None
+    running.loop.call_soon_threadsafe(running.stop.set)
+    running.thread.join(10)
+    running.loop.close()
+
+
+def http_server_context() -> Iterator[ObjectServer]:
+    running = serve_in_thread()
+    try:
+        yield running.state
+    finally:
+        stop(running)
