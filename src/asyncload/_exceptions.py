@@ -11,12 +11,13 @@ Each subclass also inherits the built-in exception a caller already expects, so
     │   ├── ServerError                                       5xx, 429, SlowDown after retries
     │   ├── IncompleteRead                                    body shorter than announced
     │   ├── InvalidURL                  + ValueError          unknown scheme, malformed URL
+    │   ├── RedirectError                                     redirect to another host, not followed
     │   └── RequestTimeout              (+ Timeout)           connect or read timed out
     ├── Timeout                         + TimeoutError
     │   ├── RequestTimeout              (+ StorageError)
     │   └── BatchTimeout                + RuntimeError        DataLoader(timeout=...) exceeded
     ├── WorkerError                     + RuntimeError        a worker died or could not start
-    ├── NotPicklable                    + TypeError           dataset/collate_fn can't reach a worker
+    ├── NotPicklable                    + TypeError           dataset/collate_fn can't be sent
     └── ArchiveError                    + ValueError          unsafe or corrupt tar shard
 
 Messages never contain credentials: every URL passes through :func:`redact_url`.
@@ -36,6 +37,7 @@ __all__ = [
     "NotFound",
     "NotPicklable",
     "PermissionDenied",
+    "RedirectError",
     "RequestTimeout",
     "ServerError",
     "StorageError",
@@ -85,7 +87,10 @@ class StorageError(LoadError):
 
     def __reduce__(self) -> tuple[object, ...]:
         # Keyword-only fields must survive the trip from a worker process to the main one.
-        return (_rebuild_storage_error, (type(self), self.args[0], self.url, self.status, self.attempts))
+        return (
+            _rebuild_storage_error,
+            (type(self), self.args[0], self.url, self.status, self.attempts),
+        )
 
 
 def _rebuild_storage_error(
@@ -119,6 +124,14 @@ class IncompleteRead(StorageError):
 
 class InvalidURL(StorageError, ValueError):
     """The URL is malformed or its scheme has no registered backend."""
+
+
+class RedirectError(StorageError):
+    """A redirect went to another host or to a non-HTTP URL and was not followed.
+
+    Cross-host redirects are refused unless ``allow_cross_host_redirects=True`` is configured for
+    the prefix; redirects to ``file:`` and other schemes are always refused. Never retried.
+    """
 
 
 class Timeout(LoadError, TimeoutError):

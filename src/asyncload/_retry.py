@@ -1,0 +1,187 @@
+"""The retry policy every storage request runs under, and the loop that applies it.
+
+Backends make exactly one attempt per call and describe a failure as an :class:`AttemptFailed`
+(what went wrong, whether trying again can help, what the server asked for). :func:`retrying`
+owns the loop: it sleeps with exponential backoff and full jitter, honours ``Retry-After``, counts
+retries in :mod:`asyncload._stats`, and finally raises the public error from
+:mod:`asyncload._exceptions` with the true number of attempts.
+
+What is retried (the same classes botocore's standard mode retries):
+
+* connection resets and disconnects, timeouts, bodies shorter than announced;
+* HTTP 429, 500, 502, 503, 504 and S3 ``SlowDown``.
+
+What is never retried: 400/401/403/404 and other 4xx, refused connections and unknown hosts
+(the address is wrong; waiting will not fix it), TLS verification failures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from . import _stats
+from ._exceptions import StorageError
+from ._redact import redact_url
+
+__all__ = ["AttemptFailed", "Retry", "backoff", "give_up", "next_wait", "retrying"]
+
+log = logging.getLogger("asyncload.storage")
+
+T = TypeVar("T")
+
+_DEFAULT_STATUSES = frozenset({429, 500, 502, 503, 504})
+
+
+@dataclass(frozen=True, slots=True)
+class Retry:
+    """How often, and how patiently, a failed storage request is tried again.
+
+    The wait before retry *n* (1-based) is ``uniform(0, min(max_backoff, backoff * 2**(n-1)))``
+    ("full jitter"), unless the server sent ``Retry-After``: then exactly that long. A
+    ``Retry-After`` longer than ``max_retry_after`` ends the retries at once instead of hammering
+    the server early.
+
+    Example:
+        >>> import asyncload
+        >>> patient = asyncload.Retry(attempts=10, backoff=0.5, deadline=120.0)
+        >>> asyncload.configure("s3://flaky-bucket", retry=patient)  # doctest: +SKIP
+        >>> never = asyncload.Retry(attempts=1)
+        >>> 503 in never.statuses
+        True
+    """
+
+    attempts: int = 5
+    """Total attempts per request, the first one included (``1`` disables retries)."""
+    backoff: float = 0.1
+    """Upper bound of the first jittered wait, in seconds; doubles with every retry."""
+    max_backoff: float = 20.0
+    """Cap on the jittered wait, in seconds."""
+    max_retry_after: float = 120.0
+    """Longest ``Retry-After`` obeyed, in seconds; a longer one fails the request."""
+    deadline: float | None = None
+    """Seconds from the first attempt after which no new attempt starts (``None``: no limit)."""
+    statuses: frozenset[int] = _DEFAULT_STATUSES
+    """HTTP statuses that are retried."""
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1:
+            raise ValueError(f"Retry(attempts={self.attempts}) must be at least 1")
+        if self.backoff < 0 or self.max_backoff < 0 or self.max_retry_after < 0:
+            raise ValueError("Retry backoff, max_backoff and max_retry_after must be >= 0")
+        if self.deadline is not None and self.deadline <= 0:
+            raise ValueError(f"Retry(deadline={self.deadline}) must be positive or None")
+        # Accept any iterable of ints (a set, a list) and keep the instance hashable.
+        object.__setattr__(self, "statuses", frozenset(self.statuses))
+
+    def wait(self, retry: int, retry_after: float | None = None) -> float:
+        """Seconds to sleep before retry number *retry* (1-based)."""
+        if retry_after is not None:
+            return max(0.0, retry_after)
+        cap = min(self.max_backoff, self.backoff * 2 ** (retry - 1))
+        return random.uniform(0.0, cap)
+
+
+class AttemptFailed(Exception):
+    """One attempt failed; raised by a backend, consumed by :func:`retrying`.
+
+    Attributes:
+        kind: The public error class to raise if this is the last attempt.
+        message: What happened, in words; the URL and status are appended later.
+        status: The HTTP status (or equivalent), ``None`` when no response came.
+        retryable: Whether another attempt can help (given a retry policy's statuses).
+        reason: The short key retries are counted under (``"503"``, ``"timeout"``, ...).
+        retry_after: Seconds the server asked us to wait, if it did.
+    """
+
+    def __init__(
+        self,
+        kind: type[StorageError],
+        message: str,
+        *,
+        status: int | None = None,
+        retryable: bool = False,
+        reason: str = "error",
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+        self.status = status
+        self.retryable = retryable
+        self.reason = reason
+        self.retry_after = retry_after
+
+    def public(self, url: str, attempts: int) -> StorageError:
+        """The public exception to raise for this failure after *attempts* attempts."""
+        return self.kind(self.message, url=url, status=self.status, attempts=attempts)
+
+
+def _should_retry(failure: AttemptFailed, policy: Retry) -> bool:
+    if not failure.retryable:
+        return False
+    # A status outside the policy's list is final even when the backend would retry it.
+    return failure.status is None or failure.status in policy.statuses or failure.status < 400
+
+
+async def retrying(op: Callable[[], Awaitable[T]], *, url: str, policy: Retry) -> T:
+    """Run ``op()`` until it succeeds or *policy* says stop; raise the public error then.
+
+    Errors that are not :class:`AttemptFailed` propagate unchanged (cancellation included).
+    """
+    attempt = 1
+    started = time.monotonic()
+    while True:
+        try:
+            return await op()
+        except AttemptFailed as failure:
+            wait = next_wait(failure, policy, attempt, started)
+            if wait is None:
+                raise give_up(failure, url, attempt) from failure.__cause__
+            await backoff(failure, url, wait, attempt, policy)
+            attempt += 1
+
+
+def give_up(failure: AttemptFailed, url: str, attempts: int) -> StorageError:
+    """The public error for a failure that is final, counted in the stats."""
+    error = failure.public(url, attempts)
+    _stats.note_error(type(error).__name__)
+    return error
+
+
+async def backoff(
+    failure: AttemptFailed, url: str, wait: float, attempt: int, policy: Retry
+) -> None:
+    """Count, log and sleep before the next attempt."""
+    _stats.note_retry(failure.reason)
+    log.info(
+        "retrying %s in %.2fs after attempt %d/%d failed: %s",
+        redact_url(url),
+        wait,
+        attempt,
+        policy.attempts,
+        redact_url(failure.message),
+    )
+    await asyncio.sleep(wait)
+
+
+def next_wait(failure: AttemptFailed, policy: Retry, attempt: int, started: float) -> float | None:
+    """The seconds to wait before the next attempt, or ``None`` when there is none."""
+    if attempt >= policy.attempts or not _should_retry(failure, policy):
+        return None
+    if failure.retry_after is not None and failure.retry_after > policy.max_retry_after:
+        failure.message += (
+            f"; the server asked to retry after {failure.retry_after:g}s, longer than "
+            f"Retry(max_retry_after={policy.max_retry_after:g})"
+        )
+        return None
+    wait = policy.wait(attempt, failure.retry_after)
+    if policy.deadline is not None and time.monotonic() - started + wait > policy.deadline:
+        failure.message += f"; Retry(deadline={policy.deadline:g}s) reached"
+        return None
+    return wait

@@ -1,0 +1,326 @@
+"""Read any URL from any coroutine: the public storage functions and per-prefix settings.
+
+``read``, ``stream``, ``stat`` and ``list_files`` pick the backend by URL scheme
+(:mod:`asyncload.sources`), the :class:`StorageOptions` by longest configured prefix, and run
+the backend's single attempts under the options' :class:`Retry` policy.
+
+Settings given with :func:`configure` in the main process reach workers through
+:func:`export_config` / :func:`import_config`, which the DataLoader's worker start-up calls.
+Clients are created lazily, per event loop (aiohttp) or per process (obstore), so nothing here
+has to be picklable but the settings themselves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import threading
+import time
+from collections.abc import AsyncIterator, Mapping
+from contextlib import aclosing
+from typing import Any
+
+from . import _stats
+from ._exceptions import InvalidURL, LoadError
+from ._retry import AttemptFailed, Retry, backoff, give_up, next_wait, retrying
+from .sources import _base
+from .sources._base import DEFAULT_OPTIONS, ObjectInfo, StorageOptions, backend_for
+
+__all__ = [
+    "ObjectInfo",
+    "Retry",
+    "StorageConfig",
+    "StorageOptions",
+    "aclose",
+    "configure",
+    "configure_all",
+    "export_config",
+    "import_config",
+    "list_files",
+    "list_files_async",
+    "read",
+    "set_pool_size",
+    "stat",
+    "stream",
+]
+
+_OPTION_NAMES = frozenset(f.name for f in dataclasses.fields(StorageOptions))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StorageConfig:
+    """Everything :func:`configure` set in one process: what :func:`export_config` returns."""
+
+    prefixes: tuple[tuple[str, StorageOptions], ...]
+    """``(prefix, options)`` pairs, longest prefix first."""
+    pool_size: int
+    """Connection-pool size for lazily created clients."""
+
+
+# Longest prefix first, so the first match is the most specific one.
+_prefixes: list[tuple[str, StorageOptions]] = []
+
+
+def _matches(url: str, prefix: str) -> bool:
+    if not url.startswith(prefix):
+        return False
+    # "s3://bucket" covers "s3://bucket/key" but not "s3://bucket2/key".
+    return len(url) == len(prefix) or prefix[-1] in "/:" or url[len(prefix)] in "/?#"
+
+
+def options_for(url: str) -> StorageOptions:
+    """The options of the longest configured prefix of *url* (defaults when none matches)."""
+    for prefix, options in _prefixes:
+        if _matches(url, prefix):
+            return options
+    return DEFAULT_OPTIONS
+
+
+def configure(prefix: str, options: StorageOptions | None = None, /, **kwargs: Any) -> None:
+    """Set the storage options for every URL under *prefix*; the longest matching prefix wins.
+
+    Options are not inherited between prefixes: a URL gets exactly the options of its longest
+    configured prefix (or the defaults). Configuring the same prefix again replaces its options.
+    Call this in the main process before iterating a DataLoader; workers receive a copy.
+
+    Args:
+        prefix: A URL prefix such as ``"s3://bucket"``, ``"s3://bucket/train/"``,
+            ``"https://data.example.com"`` or ``"s3://"`` (every bucket).
+        options: A ready :class:`StorageOptions`; keyword arguments override its fields.
+        **kwargs: :class:`StorageOptions` fields (``endpoint``, ``region``, ``credentials``,
+            ``headers``, ``connect_timeout``, ``read_timeout``, ``retry``, ...).
+
+    Example:
+        >>> import asyncload
+        >>> asyncload.configure(
+        ...     "s3://my-bucket", endpoint="http://127.0.0.1:9000", region="us-east-1",
+        ...     retry=asyncload.Retry(attempts=8),
+        ... )
+    """
+    unknown = sorted(set(kwargs) - _OPTION_NAMES)
+    if unknown:
+        raise TypeError(
+            f"unknown storage option(s) {', '.join(unknown)}; "
+            f"valid: {', '.join(sorted(_OPTION_NAMES))}"
+        )
+    if options is None:
+        options = StorageOptions(**kwargs)
+    elif kwargs:
+        options = dataclasses.replace(options, **kwargs)
+    if not isinstance(prefix, str) or not prefix:
+        raise ValueError(f"configure() needs a non-empty URL prefix, got {prefix!r}")
+    _install([(p, o) for p, o in _prefixes if p != prefix] + [(prefix, options)])
+
+
+def configure_all(storage_options: Mapping[str, StorageOptions | Mapping[str, Any]]) -> None:
+    """:func:`configure` every ``prefix: options`` pair of a mapping (``storage_options=``).
+
+    Example:
+        >>> asyncload.configure_all({"s3://bucket": {"region": "eu-west-1"}})  # doctest: +SKIP
+    """
+    for prefix, options in storage_options.items():
+        if isinstance(options, StorageOptions):
+            configure(prefix, options)
+        else:
+            configure(prefix, **dict(options))
+
+
+def _install(entries: list[tuple[str, StorageOptions]]) -> None:
+    _prefixes[:] = sorted(entries, key=lambda e: len(e[0]), reverse=True)
+    _clear_clients()
+
+
+def _clear_clients() -> None:
+    # obstore stores bake credentials and endpoints in at construction: rebuild on next use.
+    for backend in set(_base._registry.values()):
+        clear = getattr(backend, "clear", None)
+        if clear is not None:
+            clear()
+
+
+def export_config() -> StorageConfig:
+    """A picklable snapshot of this process's storage settings, for worker start-up."""
+    return StorageConfig(prefixes=tuple(_prefixes), pool_size=_base.pool_size())
+
+
+def import_config(snapshot: object) -> None:
+    """Install a snapshot from :func:`export_config` (in a worker process), replacing any."""
+    if not isinstance(snapshot, StorageConfig):
+        raise TypeError(f"expected a StorageConfig from export_config(), got {type(snapshot)!r}")
+    _base.set_pool_size(snapshot.pool_size)
+    _install(list(snapshot.prefixes))
+
+
+def set_pool_size(n: int) -> None:
+    """Connections per host that clients created from now on may keep (the loader's
+    ``max_concurrency``)."""
+    _base.set_pool_size(n)
+
+
+def reset() -> None:
+    """Forget every configured prefix and cached store (tests)."""
+    _install([])
+
+
+async def aclose() -> None:
+    """Close every storage client bound to the running event loop.
+
+    The DataLoader's workers call this at exit. Call it yourself when you read from your own
+    loop and want its connections closed before the loop ends.
+    """
+    for backend in set(_base._registry.values()):
+        await backend.aclose()
+
+
+def _check_range(start: int | None, end: int | None) -> None:
+    if (start is not None and start < 0) or (end is not None and end < 0):
+        raise ValueError(f"byte range must be non-negative, got start={start}, end={end}")
+
+
+def _backend(url: str) -> _base.Backend:
+    try:
+        return backend_for(url)
+    except InvalidURL as exc:
+        _stats.note_error(type(exc).__name__)
+        raise
+
+
+async def read(url: str, *, start: int | None = None, end: int | None = None) -> bytes:
+    """Return the bytes of the object at *url*, or of its range ``[start, end)``.
+
+    Retries transient failures under the prefix's :class:`Retry` policy; a body shorter than
+    announced is fetched again, never returned.
+
+    Args:
+        url: ``https://…``, ``s3://bucket/key``, ``gs://…``, ``az://…``, ``file://…`` or a path.
+        start: First byte to return (default 0).
+        end: One past the last byte to return (default: the end of the object).
+
+    Raises:
+        NotFound: The object does not exist (a ``FileNotFoundError``).
+        PermissionDenied: Missing or refused credentials (a ``PermissionError``).
+        StorageError: Any other failure, after the retries; see :mod:`asyncload._exceptions`.
+
+    Example:
+        >>> header = await asyncload.read("s3://bucket/shard-0001.tar", end=512)  # doctest: +SKIP
+    """
+    _check_range(start, end)
+    backend = _backend(url)
+    options = options_for(url)
+    if start is not None and end is not None and end <= start:
+        return b""
+    data = await retrying(
+        lambda: backend.read(url, start, end, options), url=url, policy=options.retry
+    )
+    _stats.note_bytes(len(data))
+    return data
+
+
+async def stream(url: str, *, chunk_size: int = 1 << 20) -> AsyncIterator[bytes]:
+    """Yield the object at *url* in chunks of roughly *chunk_size* bytes.
+
+    A connection lost midway is resumed from the last byte delivered (a range request), under
+    the same :class:`Retry` policy as :func:`read`; a chunk is never delivered twice.
+
+    Example:
+        >>> async for chunk in asyncload.stream("https://host/big.bin"):  # doctest: +SKIP
+        ...     digest.update(chunk)
+    """
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+    backend = _backend(url)
+    options = options_for(url)
+    policy = options.retry
+    offset = 0
+    attempt = 1
+    started = time.monotonic()
+    while True:
+        progress = offset
+        try:
+            async with aclosing(backend.stream(url, offset, chunk_size, options)) as chunks:
+                async for chunk in chunks:
+                    offset += len(chunk)
+                    _stats.note_bytes(len(chunk))
+                    yield chunk
+            return
+        except AttemptFailed as failure:
+            if offset > progress:  # progress was made: this is a fresh failure, not a repeat
+                attempt = 1
+                started = time.monotonic()
+            wait = next_wait(failure, policy, attempt, started)
+            if wait is None:
+                raise give_up(failure, url, attempt) from failure.__cause__
+            await backoff(failure, url, wait, attempt, policy)
+            attempt += 1
+
+
+async def stat(url: str) -> ObjectInfo:
+    """Size, etag and modification time of the object at *url*.
+
+    Example:
+        >>> info = await asyncload.stat("s3://bucket/key")  # doctest: +SKIP
+        >>> info.size  # doctest: +SKIP
+        1048576
+    """
+    backend = _backend(url)
+    options = options_for(url)
+    return await retrying(lambda: backend.stat(url, options), url=url, policy=options.retry)
+
+
+async def list_files_async(prefix_url: str) -> list[str]:
+    """The sorted full URLs of every object under *prefix_url* (a "directory").
+
+    Example:
+        >>> urls = await asyncload.list_files_async("s3://bucket/train/")  # doctest: +SKIP
+    """
+    backend = _backend(prefix_url)
+    options = options_for(prefix_url)
+    urls = await retrying(
+        lambda: backend.list(prefix_url, options), url=prefix_url, policy=options.retry
+    )
+    urls.sort()
+    return urls
+
+
+async def _list_and_close(prefix_url: str) -> list[str]:
+    try:
+        return await list_files_async(prefix_url)
+    finally:
+        await aclose()
+
+
+def list_files(prefix_url: str) -> list[str]:
+    """The sorted full URLs of every object under *prefix_url*, from synchronous code.
+
+    Runs :func:`list_files_async` on a private event loop in a short-lived thread, so it works
+    in the main process whether or not a loop is running there, and leaves no loop behind.
+    Pagination is followed (S3 returns 1,000 keys per page). From a coroutine, await
+    :func:`list_files_async` instead: this call blocks its thread until the listing is done.
+
+    Note:
+        Listing ``s3://``, ``gs://`` or ``az://`` starts obstore's runtime threads in this
+        process; a worker *forked* from it afterwards would hang. The DataLoader starts its
+        workers with ``forkserver`` by default, which is safe.
+
+    Example:
+        >>> import asyncload
+        >>> urls = asyncload.list_files("s3://bucket/train/")  # doctest: +SKIP
+        >>> dataset = asyncload.RemoteFiles(urls)  # doctest: +SKIP
+    """
+    outcome: list[Any] = []
+
+    def run() -> None:
+        try:
+            outcome.append(asyncio.run(_list_and_close(prefix_url)))
+        except BaseException as exc:  # handed to the caller's thread
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run, name="asyncload-list-files", daemon=True)
+    thread.start()
+    thread.join()
+    result = outcome[0]
+    if isinstance(result, BaseException):
+        if isinstance(result, LoadError):
+            raise result.with_traceback(None) from result.__cause__
+        raise result
+    return list(result)

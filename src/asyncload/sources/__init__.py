@@ -1,0 +1,39 @@
+"""Storage backends by URL scheme, and the registry new schemes join.
+
+Importing this package registers the built-in backends:
+
+=====================  ==========================  ==============================
+scheme                 module                      library
+=====================  ==========================  ==============================
+``http``, ``https``    :mod:`._http`               aiohttp
+``s3``, ``gs``, ``az`` :mod:`._s3`                 obstore (optional dependency)
+``file``, plain paths  :mod:`._local`              aiofiles / the default executor
+=====================  ==========================  ==============================
+
+Example:
+    >>> from asyncload.sources import Backend, register
+    >>> class Memory(Backend):  # doctest: +SKIP
+    ...     ...
+    >>> register("mem", Memory())  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from . import _http, _local, _s3  # noqa: F401 - importing registers the backends
+from ._base import (
+    Backend,
+    ObjectInfo,
+    StorageOptions,
+    backend_for,
+    register,
+    registered_schemes,
+)
+
+__all__ = [
+    "Backend",
+    "ObjectInfo",
+    "StorageOptions",
+    "backend_for",
+    "register",
+    "registered_schemes",
+]

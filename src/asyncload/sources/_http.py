@@ -1,0 +1,383 @@
+"""``http://`` and ``https://`` through aiohttp: one ClientSession per event loop.
+
+The session is created lazily on first use in a loop, with a connector sized by
+:func:`~asyncload.sources._base.pool_size` (keep-alive on). It is closed by
+:func:`asyncload.aclose`, or, when nobody calls that, by the loop's own shutdown: a parked async
+generator holds the session and ``loop.shutdown_asyncgens()`` (which ``asyncio.run`` calls)
+finalizes it.
+
+Redirects are followed by hand so that a redirect to another host (or to ``file:``) is refused
+unless :attr:`StorageOptions.allow_cross_host_redirects` is set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import ssl
+import time
+from collections.abc import AsyncGenerator, AsyncIterator
+from email.utils import parsedate_to_datetime
+from urllib.parse import urljoin, urlsplit
+
+import aiohttp
+from yarl import URL
+
+from .._exceptions import (
+    ConnectError,
+    IncompleteRead,
+    InvalidURL,
+    NotFound,
+    PermissionDenied,
+    RedirectError,
+    RequestTimeout,
+    ServerError,
+    StorageError,
+)
+from .._retry import AttemptFailed
+from ._base import Backend, ObjectInfo, StorageOptions, pool_size, register
+
+__all__ = ["HttpBackend", "map_error"]
+
+_REDIRECTS = frozenset({301, 302, 303, 307, 308})
+_MAX_REDIRECTS = 10
+# Bytes are the payload: ask for no transfer encoding so lengths and ranges mean what they say.
+_BASE_HEADERS = {"Accept-Encoding": "identity"}
+
+
+class _LoopClient:
+    __slots__ = ("closer", "loop", "session")
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        session: aiohttp.ClientSession,
+        closer: AsyncIterator[None],
+    ) -> None:
+        self.loop = loop
+        self.session = session
+        self.closer = closer
+
+
+async def _close_at_loop_shutdown(session: aiohttp.ClientSession) -> AsyncIterator[None]:
+    try:
+        yield
+    finally:
+        await session.close()
+
+
+class HttpBackend(Backend):
+    """aiohttp-based backend for ``http`` and ``https`` URLs.
+
+    Example:
+        >>> data = await asyncload.read("https://example.com/data/0001.bin")  # doctest: +SKIP
+    """
+
+    def __init__(self) -> None:
+        self._clients: dict[int, _LoopClient] = {}
+        self._timeouts: dict[tuple[float, float, float | None], aiohttp.ClientTimeout] = {}
+        self._ssl: dict[tuple[bool, str | None], ssl.SSLContext | bool] = {}
+
+    # -- clients -------------------------------------------------------------------------
+    async def _session(self) -> aiohttp.ClientSession:
+        loop = asyncio.get_running_loop()
+        client = self._clients.get(id(loop))
+        if client is not None and client.loop is loop and not client.session.closed:
+            return client.session
+        connector = aiohttp.TCPConnector(limit=pool_size(), keepalive_timeout=30.0)
+        session = aiohttp.ClientSession(
+            connector=connector,
+            auto_decompress=False,
+            timeout=aiohttp.ClientTimeout(total=None),
+            raise_for_status=False,
+        )
+        closer = _close_at_loop_shutdown(session)
+        await closer.__anext__()
+        self._clients[id(loop)] = _LoopClient(loop, session, closer)
+        return session
+
+    async def aclose(self) -> None:
+        loop = asyncio.get_running_loop()
+        client = self._clients.pop(id(loop), None)
+        # Sessions of loops that closed without aclose() were finalized by their loop.
+        for key in [k for k, c in self._clients.items() if c.loop.is_closed()]:
+            del self._clients[key]
+        if client is not None and client.loop is loop:
+            await client.session.close()
+            await client.closer.aclose()  # type: ignore[attr-defined]
+
+    def _timeout(self, options: StorageOptions) -> aiohttp.ClientTimeout:
+        key = (options.connect_timeout, options.read_timeout, options.total_timeout)
+        timeout = self._timeouts.get(key)
+        if timeout is None:
+            timeout = self._timeouts[key] = aiohttp.ClientTimeout(
+                total=options.total_timeout,
+                sock_connect=options.connect_timeout,
+                sock_read=options.read_timeout,
+            )
+        return timeout
+
+    def _ssl_for(self, options: StorageOptions) -> ssl.SSLContext | bool:
+        key = (options.verify, options.ca_bundle)
+        ctx = self._ssl.get(key)
+        if ctx is None:
+            if not options.verify:
+                ctx = False
+            elif options.ca_bundle is None:
+                ctx = True
+            else:
+                ctx = ssl.create_default_context(cafile=options.ca_bundle)
+            self._ssl[key] = ctx
+        return ctx
+
+    # -- one request, redirects followed by hand -----------------------------------------
+    async def _request(
+        self, method: str, url: str, options: StorageOptions, extra: dict[str, str] | None
+    ) -> aiohttp.ClientResponse:
+        session = await self._session()
+        headers = {**_BASE_HEADERS, **options.headers, **(extra or {})}
+        timeout = self._timeout(options)
+        ssl_arg = self._ssl_for(options)
+        origin = _origin(url)
+        target = url
+        for _ in range(_MAX_REDIRECTS + 1):
+            try:
+                resp = await session.request(
+                    method,
+                    URL(target, encoded=True),
+                    headers=headers,
+                    timeout=timeout,
+                    ssl=ssl_arg,
+                    allow_redirects=False,
+                )
+            except Exception as exc:
+                raise map_error(exc, options) from exc
+            if resp.status not in _REDIRECTS:
+                return resp
+            location = resp.headers.get("Location")
+            resp.release()
+            if not location or not options.allow_redirects:
+                raise AttemptFailed(
+                    RedirectError, f"{resp.status} redirect not followed", status=resp.status
+                )
+            target = urljoin(target, location)
+            if urlsplit(target).scheme not in ("http", "https"):
+                raise AttemptFailed(
+                    RedirectError,
+                    f"refused a redirect to a non-HTTP URL {target}",
+                    status=resp.status,
+                )
+            if _origin(target) != origin:
+                if not options.allow_cross_host_redirects:
+                    raise AttemptFailed(
+                        RedirectError,
+                        f"refused a redirect to another host ({target}); allow it with "
+                        "asyncload.configure(prefix, allow_cross_host_redirects=True)",
+                        status=resp.status,
+                    )
+                # Credentials configured for this host must not travel to another one.
+                headers = {**_BASE_HEADERS, **(extra or {})}
+        raise AttemptFailed(RedirectError, f"more than {_MAX_REDIRECTS} redirects")
+
+    # -- the Backend interface -----------------------------------------------------------
+    async def read(
+        self, url: str, start: int | None, end: int | None, options: StorageOptions
+    ) -> bytes:
+        extra = None
+        if start is not None or end is not None:
+            first = start or 0
+            extra = {"Range": f"bytes={first}-{end - 1}" if end is not None else f"bytes={first}-"}
+        resp = await self._request("GET", url, options, extra)
+        try:
+            if resp.status == 416:
+                return b""  # a range past the end: empty, as slicing would give
+            _check_status(resp)
+            try:
+                data = await resp.read()
+            except Exception as exc:
+                raise map_error(exc, options) from exc
+            _check_length(resp, len(data))
+            if extra is not None and resp.status == 200:
+                # The server ignored Range and sent everything: cut the range out ourselves.
+                data = data[start or 0 : end]
+            return data
+        finally:
+            resp.release()
+
+    async def stream(
+        self, url: str, start: int, chunk_size: int, options: StorageOptions
+    ) -> AsyncGenerator[bytes, None]:
+        extra = {"Range": f"bytes={start}-"} if start else None
+        resp = await self._request("GET", url, options, extra)
+        try:
+            if resp.status == 416:
+                return
+            _check_status(resp)
+            skip = start if extra is not None and resp.status == 200 else 0
+            received = 0
+            try:
+                async for chunk in resp.content.iter_chunked(chunk_size):
+                    received += len(chunk)
+                    if skip:
+                        cut = min(skip, len(chunk))
+                        chunk, skip = chunk[cut:], skip - cut
+                        if not chunk:
+                            continue
+                    yield chunk
+            except AttemptFailed:
+                raise
+            except Exception as exc:
+                raise map_error(exc, options) from exc
+            _check_length(resp, received)
+        finally:
+            resp.release()
+
+    async def stat(self, url: str, options: StorageOptions) -> ObjectInfo:
+        resp = await self._request("HEAD", url, options, None)
+        try:
+            if resp.status == 405:  # no HEAD here: ask for one byte and read the total
+                resp.release()
+                resp = await self._request("GET", url, options, {"Range": "bytes=0-0"})
+            _check_status(resp)
+            size = _total_size(resp)
+            modified = resp.headers.get("Last-Modified")
+            return ObjectInfo(
+                url=url,
+                size=size,
+                etag=resp.headers.get("ETag"),
+                mtime=_parse_http_date(modified) if modified else None,
+            )
+        finally:
+            resp.release()
+
+    async def list(self, prefix_url: str, options: StorageOptions) -> list[str]:
+        raise AttemptFailed(
+            InvalidURL,
+            "plain HTTP has no way to list objects; pass the URLs to RemoteFiles yourself, "
+            "or use an object-store URL (s3://, gs://, az://)",
+        )
+
+
+def _origin(url: str) -> tuple[str, str, int | None]:
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    port = parts.port or (443 if scheme == "https" else 80)
+    return scheme, (parts.hostname or "").lower(), port
+
+
+def _parse_http_date(value: str) -> float | None:
+    try:
+        return parsedate_to_datetime(value).timestamp()
+    except (TypeError, ValueError, IndexError):
+        return None
+
+
+def _retry_after(resp: aiohttp.ClientResponse) -> float | None:
+    value = resp.headers.get("Retry-After")
+    if value is None:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    when = _parse_http_date(value)
+    return None if when is None else max(0.0, when - time.time())
+
+
+def _check_status(resp: aiohttp.ClientResponse) -> None:
+    status = resp.status
+    if status < 300:
+        return
+    if status in (404, 410):
+        raise AttemptFailed(NotFound, "no such object", status=status)
+    if status in (401, 403):
+        raise AttemptFailed(
+            PermissionDenied,
+            "access denied; send credentials with asyncload.configure(prefix, "
+            "headers={'Authorization': ...}) or use a (fresh) presigned URL",
+            status=status,
+        )
+    if status >= 500 or status == 429:
+        raise AttemptFailed(
+            ServerError,
+            f"server answered {status} {resp.reason or ''}".rstrip(),
+            status=status,
+            retryable=True,
+            reason=str(status),
+            retry_after=_retry_after(resp),
+        )
+    raise AttemptFailed(StorageError, f"request refused: {status} {resp.reason}", status=status)
+
+
+def _check_length(resp: aiohttp.ClientResponse, received: int) -> None:
+    announced = resp.content_length
+    if announced is not None and received != announced:
+        raise AttemptFailed(
+            IncompleteRead,
+            f"body has {received} bytes but Content-Length announced {announced}",
+            retryable=True,
+            reason="incomplete",
+        )
+
+
+def _total_size(resp: aiohttp.ClientResponse) -> int:
+    content_range = resp.headers.get("Content-Range", "")
+    if resp.status == 206 and "/" in content_range:
+        total = content_range.rsplit("/", 1)[1]
+        if total.isdigit():
+            return int(total)
+    if resp.content_length is None:
+        raise AttemptFailed(StorageError, "the server did not say how large the object is")
+    return resp.content_length
+
+
+def map_error(exc: BaseException, options: StorageOptions) -> AttemptFailed:
+    """Translate an aiohttp (or socket) exception from one attempt into an AttemptFailed."""
+    if isinstance(exc, AttemptFailed):
+        return exc
+    if isinstance(exc, aiohttp.ClientSSLError):
+        return AttemptFailed(
+            ConnectError,
+            f"TLS verification failed ({exc}); trust a private CA with "
+            "asyncload.configure(prefix, ca_bundle='/path/to/ca.pem')",
+        )
+    if isinstance(exc, aiohttp.ConnectionTimeoutError):
+        return AttemptFailed(
+            RequestTimeout,
+            f"connect timed out after {options.connect_timeout:g}s",
+            retryable=True,
+            reason="timeout",
+        )
+    if isinstance(exc, (aiohttp.ServerTimeoutError, asyncio.TimeoutError)):
+        return AttemptFailed(
+            RequestTimeout,
+            f"read timed out (read_timeout={options.read_timeout:g}s)",
+            retryable=True,
+            reason="timeout",
+        )
+    if isinstance(exc, aiohttp.ClientPayloadError):
+        return AttemptFailed(
+            IncompleteRead, f"body ended early: {exc}", retryable=True, reason="incomplete"
+        )
+    if isinstance(exc, aiohttp.ClientConnectorDNSError):
+        return AttemptFailed(ConnectError, f"unknown host: {exc}")
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        # A refused connection means the address is wrong or the server is down: fail fast.
+        refused = exc.os_error.errno == errno.ECONNREFUSED
+        return AttemptFailed(
+            ConnectError,
+            f"cannot connect: {exc}",
+            retryable=not refused,
+            reason="connect",
+        )
+    if isinstance(exc, aiohttp.InvalidURL):
+        return AttemptFailed(InvalidURL, f"malformed URL: {exc}")
+    if isinstance(exc, (aiohttp.ClientError, OSError)):
+        return AttemptFailed(
+            ConnectError, f"connection lost: {exc!r}", retryable=True, reason="connection"
+        )
+    raise exc
+
+
+_backend = HttpBackend()
+register("http", _backend)
+register("https", _backend)
