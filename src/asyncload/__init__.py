@@ -1,1 +1,91 @@
-"""asyncload."""
+"""asyncload: PyTorch's DataLoader with an event loop in every worker.
+
+Each worker process fetches many samples at once from HTTP, S3/GCS/Azure or files, so I/O-bound
+datasets run at the speed of the storage, not of one request at a time.
+
+Example:
+    >>> import asyncload
+    >>> class Blobs(asyncload.Dataset):
+    ...     def __init__(self, urls):
+    ...         self.urls = urls
+    ...     def __len__(self):
+    ...         return len(self.urls)
+    ...     async def __getitem__(self, i):
+    ...         return await asyncload.read(self.urls[i])
+    >>> loader = asyncload.DataLoader(Blobs(urls), batch_size=32, num_workers=2)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from ._context import AsyncloadWarning
+from ._dataset import Dataset, IterableDataset
+from ._exceptions import (
+    ArchiveError,
+    BatchTimeout,
+    ConnectError,
+    IncompleteRead,
+    InvalidURL,
+    LoadError,
+    NotFound,
+    NotPicklable,
+    PermissionDenied,
+    RequestTimeout,
+    ServerError,
+    StorageError,
+    Timeout,
+    WorkerError,
+)
+from ._loader import DataLoader
+from ._redact import redact_url
+from ._retry import Retry
+from ._sharding import WorkerInfo, get_worker_info, shard
+from ._stats import LoaderStats
+from ._storage import (
+    ObjectInfo,
+    StorageOptions,
+    configure,
+    list_files,
+    list_files_async,
+    read,
+    stat,
+    stream,
+)
+from .datasets import RemoteFiles
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ArchiveError",
+    "AsyncloadWarning",
+    "BatchTimeout",
+    "ConnectError",
+    "DataLoader",
+    "Dataset",
+    "IncompleteRead",
+    "InvalidURL",
+    "IterableDataset",
+    "LoadError",
+    "LoaderStats",
+    "NotFound",
+    "NotPicklable",
+    "ObjectInfo",
+    "PermissionDenied",
+    "RemoteFiles",
+    "RequestTimeout",
+    "Retry",
+    "ServerError",
+    "StorageError",
+    "StorageOptions",
+    "Timeout",
+    "WorkerError",
+    "WorkerInfo",
+    "configure",
+    "get_worker_info",
+    "list_files",
+    "list_files_async",
+    "read",
+    "redact_url",
+    "shard",
+    "stat",
+    "stream",
+]

@@ -109,7 +109,7 @@ class LoaderStats:
 
     Example:
         >>> s = loader.stats()  # doctest: +SKIP
-        >>> print(f"{s.samples_per_s:.0f} samples/s, p99 {s.latency_p99 * 1e3:.1f} ms")  # doctest: +SKIP
+        >>> print(f"{s.samples_per_s:.0f}/s, p99 {s.latency_p99:.3f} s")  # doctest: +SKIP
     """
 
     elapsed_s: float

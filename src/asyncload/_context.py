@@ -1,0 +1,119 @@
+"""Choosing the start method for worker processes, and explaining pickling failures.
+
+asyncload starts workers with ``forkserver`` by default on Linux (and ``spawn`` elsewhere):
+
+* a forked child inherits the parent's threads' locks but not the threads. Async clients with a
+  background runtime (obstore's Tokio runtime among them) and CUDA hang in such a child; so does
+  any library holding a lock at fork time. ``forkserver`` forks from a clean server process.
+* it is Python 3.14's default on Linux, so code written for it keeps working.
+* the forkserver preloads torch and asyncload once, so each worker starts in milliseconds
+  rather than re-importing torch as ``spawn`` would.
+
+In an interactive session ``__main__`` has no file, so functions and classes defined there can't
+be found by a worker that didn't fork from it: asyncload then falls back to ``fork`` and warns
+once. ``multiprocessing_context="fork"`` asks for fork explicitly.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.context
+import pickle
+import sys
+import warnings
+from typing import Any
+
+from ._exceptions import NotPicklable
+
+__all__ = ["AsyncloadWarning", "diagnose_pickling", "resolve_context"]
+
+
+class AsyncloadWarning(UserWarning):
+    """Something works, but not the way it was asked for (e.g. a start-method fallback)."""
+
+
+_warned_interactive = False
+
+
+def _interactive() -> bool:
+    main = sys.modules.get("__main__")
+    return main is None or not getattr(main, "__file__", None)
+
+
+def resolve_context(requested: Any) -> multiprocessing.context.BaseContext:
+    """Return the multiprocessing context workers are started with."""
+    global _warned_interactive
+    if isinstance(requested, str):
+        return multiprocessing.get_context(requested)
+    if requested is not None:
+        return requested  # type: ignore[no-any-return]
+    methods = multiprocessing.get_all_start_methods()
+    if "forkserver" not in methods:
+        return multiprocessing.get_context("spawn")
+    if _interactive() and "fork" in methods:
+        if not _warned_interactive:
+            _warned_interactive = True
+            warnings.warn(
+                "asyncload: __main__ has no file (notebook or REPL), so workers are started "
+                "with 'fork' instead of 'forkserver'. Avoid using obstore or CUDA in this "
+                "process before the loader starts, or move the dataset to a module and pass "
+                "multiprocessing_context='forkserver'.",
+                AsyncloadWarning,
+                stacklevel=4,
+            )
+        return multiprocessing.get_context("fork")
+    ctx = multiprocessing.get_context("forkserver")
+    _preload(ctx)
+    return ctx
+
+
+def _preload(ctx: multiprocessing.context.BaseContext) -> None:
+    from multiprocessing import forkserver
+
+    server = forkserver._forkserver
+    if getattr(server, "_forkserver_pid", 0) is None:  # not started: preload still takes effect
+        modules = list(getattr(server, "_preload_modules", ["__main__"]))
+        if "asyncload._worker" not in modules:
+            ctx.set_forkserver_preload([*modules, "asyncload._worker"])
+
+
+def _describe(obj: Any) -> str:
+    name = getattr(obj, "__qualname__", None) or type(obj).__qualname__
+    return f"{name!s} ({type(obj).__module__}.{type(obj).__qualname__})"
+
+
+def _culprit(obj: Any, path: str, depth: int = 0) -> tuple[str, Any, BaseException] | None:
+    """Find the innermost attribute of *obj* that fails to pickle."""
+    try:
+        pickle.dumps(obj)
+        return None
+    except Exception as exc:
+        found: tuple[str, Any, BaseException] = (path, obj, exc)
+    if depth < 3:
+        attrs = getattr(obj, "__dict__", None)
+        if isinstance(attrs, dict):
+            for key, value in attrs.items():
+                inner = _culprit(value, f"{path}.{key}", depth + 1)
+                if inner is not None:
+                    return inner
+    return found
+
+
+def diagnose_pickling(objects: dict[str, Any], method: str, cause: BaseException) -> NotPicklable:
+    """Build a :class:`NotPicklable` naming the object that can't be sent to a worker."""
+    for name, obj in objects.items():
+        hit = _culprit(obj, name)
+        if hit is None:
+            continue
+        path, bad, exc = hit
+        return NotPicklable(
+            f"{path} = {_describe(bad)} can't be pickled, so it can't reach DataLoader workers "
+            f"started with {method!r}: {type(exc).__name__}: {exc}. Define functions and classes "
+            "at module level (not lambdas, nested functions or classes defined in __main__ of a "
+            "notebook), create unpicklable resources (open files, sessions, locks) lazily inside "
+            "the worker, or pass multiprocessing_context='fork'."
+        )
+    return NotPicklable(
+        f"starting a DataLoader worker with {method!r} failed while pickling its arguments: "
+        f"{type(cause).__name__}: {cause}"
+    )

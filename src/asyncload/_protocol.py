@@ -1,0 +1,202 @@
+"""Messages between the main process and its workers, and the shutdown protocol.
+
+NOTE [ Data flow and shutdown ]
+================================
+
+::
+
+    main process                                   worker process i (one event loop)
+    ────────────                                   ─────────────────────────────────
+    sampler ─► IndexTask/IterTask ─► index_queue[i] ─► reader thread ─► inbox ─► Engine
+                                                                                │ up to
+                                                                                │ max_concurrency
+                                                                                ▼ in flight
+    training loop ◄─ reorder ◄─ [pin-memory thread] ◄─ result_queue ◄─ Result/Failure/Exhausted
+
+Every send is answered by exactly one reply carrying the same ``send_idx``: a ``Result``, a
+``Failure`` or (iterable datasets) ``Exhausted``. The main process therefore knows at all times
+which tasks are outstanding on which worker.
+
+Shutdown is started by the main process only (end of epoch without persistent workers, ``break``
+and garbage collection, an exception, ``del loader``, interpreter exit via ``atexit``):
+
+1. set ``done_event`` (workers stop putting results; pin thread stops);
+2. put ``Shutdown`` on every index queue; the worker's reader thread forwards it to the engine,
+   which cancels its in-flight fetches, closes its storage clients and returns;
+3. join each worker for a few seconds, then ``terminate()``, then ``kill()``;
+4. ``cancel_join_thread()`` and ``close()`` every queue, so no feeder thread blocks the exit.
+
+A worker also exits on its own when its parent dies (the reader thread's watchdog sees a new
+parent pid or EOF on the index queue), so a SIGKILLed main process leaves no worker behind.
+Workers ignore SIGINT: Ctrl-C reaches the main process, whose shutdown stops them.
+
+Every blocking ``get`` has a timeout and re-checks ``done_event`` (worker side) or worker
+liveness (main side), so neither side can hang on the other's death.
+"""
+
+from __future__ import annotations
+
+import pickle
+import sys
+import traceback
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+from ._stats import RecorderSnapshot
+
+__all__ = [
+    "Exhausted",
+    "Failure",
+    "IndexTask",
+    "IterTask",
+    "RemoteError",
+    "Result",
+    "Resume",
+    "ResumeAck",
+    "Shutdown",
+]
+
+# How often blocking waits wake up to check liveness and the done event, in seconds.
+POLL_INTERVAL = 0.25
+
+
+# ── main → worker ─────────────────────────────────────────────────────────────────────────────
+
+
+@dataclass(frozen=True, slots=True)
+class IndexTask:
+    """Fetch these indices of a map-style dataset and collate them (one index if not batched)."""
+
+    send_idx: int
+    generation: int
+    indices: Any
+
+
+@dataclass(frozen=True, slots=True)
+class IterTask:
+    """Produce the next batch (or sample) of an iterable dataset."""
+
+    send_idx: int
+    generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class Resume:
+    """A new epoch with persistent workers: drop all work, restart iteration, then ack."""
+
+    generation: int
+    epoch: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Shutdown:
+    """Stop: cancel in-flight fetches, close clients, exit."""
+
+
+# ── worker → main ─────────────────────────────────────────────────────────────────────────────
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    send_idx: int
+    generation: int
+    worker_id: int
+    data: Any
+    stats: RecorderSnapshot | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """A task failed; ``send_idx`` is -1 when the worker could not start at all."""
+
+    send_idx: int
+    generation: int
+    worker_id: int
+    error: RemoteError
+    stats: RecorderSnapshot | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Exhausted:
+    """The worker's iterable is exhausted; it will answer every later IterTask the same way."""
+
+    send_idx: int
+    generation: int
+    worker_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class ResumeAck:
+    generation: int
+    worker_id: int
+
+
+# ── errors across the process boundary ────────────────────────────────────────────────────────
+
+
+class _RemoteTraceback(Exception):
+    """Carries the worker's formatted traceback as the ``__cause__`` of a re-raised error."""
+
+    def __init__(self, tb: str) -> None:
+        super().__init__(tb)
+        self.tb = tb
+
+    def __str__(self) -> str:
+        return self.tb
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteError:
+    """An exception caught in a worker, with where it happened (torch's ``ExceptionWrapper``).
+
+    The original exception travels pickled when it can; otherwise it is rebuilt from its type
+    name and message. Either way :meth:`reraise` raises it in the main process with the worker's
+    traceback as ``__cause__`` and a note naming the worker, its pid and the sample index.
+    """
+
+    where: str
+    type_name: str
+    message: str
+    traceback: str
+    pickled: bytes | None
+
+    @classmethod
+    def capture(cls, exc: BaseException, where: str) -> RemoteError:
+        pickled: bytes | None
+        try:
+            data = pickle.dumps(exc)
+            pickle.loads(data)  # some exceptions pickle but can't be rebuilt
+            pickled = data
+        except Exception:
+            pickled = None
+        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        type_name = f"{type(exc).__module__}.{type(exc).__qualname__}"
+        return cls(where, type_name, str(exc), tb, pickled)
+
+    def exception(self) -> BaseException:
+        exc: BaseException | None = None
+        pickled = self.pickled
+        if pickled is not None:
+            try:
+                exc = pickle.loads(pickled)
+            except Exception:
+                exc = None
+        if exc is None:
+            from ._exceptions import LoadError
+
+            exc = LoadError(f"{self.type_name}: {self.message}")
+        exc.__cause__ = _RemoteTraceback(f"\n\nTraceback {self.where}:\n{self.traceback}".rstrip())
+        add_note(exc, f"Raised {self.where}.")
+        return exc
+
+    def reraise(self) -> NoReturn:
+        raise self.exception()
+
+
+def add_note(exc: BaseException, note: str) -> None:
+    """``exc.add_note(note)``, also on Python 3.10 (where it is kept but not displayed)."""
+    if sys.version_info >= (3, 11):
+        exc.add_note(note)
+    else:  # pragma: no cover - Python 3.10
+        notes = getattr(exc, "__notes__", None) or []
+        exc.__notes__ = [*notes, note]  # type: ignore[attr-defined]

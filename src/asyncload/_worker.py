@@ -1,0 +1,503 @@
+"""The worker: one event loop fetching up to ``max_concurrency`` samples at once, across batches.
+
+The same :class:`Engine` runs in a worker process (:func:`worker_main`) and, for
+``num_workers=0``, in a background thread of the main process (:class:`ThreadWorker`). It reads
+tasks from an asyncio queue, starts one coroutine per sample, collates a batch the moment its last
+sample lands and hands it to ``put``. See NOTE [ Data flow and shutdown ] in ``_protocol.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import inspect
+import os
+import queue
+import random
+import signal
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.utils.data
+
+from . import _sharding, _stats, _storage
+from ._dataset import aiter_for, fetcher_for
+from ._protocol import (
+    POLL_INTERVAL,
+    Exhausted,
+    Failure,
+    IndexTask,
+    IterTask,
+    RemoteError,
+    Result,
+    Resume,
+    ResumeAck,
+    Shutdown,
+)
+
+__all__ = ["Engine", "ThreadWorker", "WorkerConfig", "new_event_loop", "worker_main"]
+
+# Stats ride along with results at most this often (seconds), so they cost nothing per sample.
+_STATS_EVERY = 0.2
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerConfig:
+    """Everything a worker needs, sent once when it starts."""
+
+    worker_id: int
+    num_workers: int
+    base_seed: int
+    dataset: Any
+    is_iterable: bool
+    auto_collation: bool
+    batch_size: int | None
+    drop_last: bool
+    collate_fn: Callable[[Any], Any]
+    worker_init_fn: Callable[[int], None] | None
+    max_concurrency: int
+    rank: int
+    world_size: int
+    storage_config: object
+    main_pid: int
+
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """A uvloop loop where uvloop is installed, else asyncio's default."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - Windows, or uvloop not installed
+        return asyncio.new_event_loop()
+    loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+    return loop
+
+
+class _Batch:
+    """A map-style batch being fetched: samples land in their slot as they complete."""
+
+    __slots__ = ("failed", "remaining", "samples", "task")
+
+    def __init__(self, task: IndexTask, n: int) -> None:
+        self.task = task
+        self.samples: list[Any] = [None] * n
+        self.remaining = n
+        self.failed = False
+
+
+class Engine:
+    """Fetches, collates and hands over batches for one worker (process or thread).
+
+    Args:
+        cfg: The worker's configuration.
+        put: Delivers a reply message to the main process; must not block for long.
+        where: Names this worker in error messages ("in DataLoader worker 1 (pid 123)").
+    """
+
+    def __init__(self, cfg: WorkerConfig, put: Callable[[object], None], where: str) -> None:
+        self.cfg = cfg
+        self._put = put
+        self._where = where
+        self._fetch = None if cfg.is_iterable else fetcher_for(cfg.dataset)
+        self._generation = 0
+        self._sem = asyncio.Semaphore(cfg.max_concurrency)
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._iter_requests: asyncio.Queue[IterTask] = asyncio.Queue()
+        self._iter_task: asyncio.Task[None] | None = None
+        self._last_stats = 0.0
+        self.stopped = asyncio.Event()
+
+    # ── stats ──────────────────────────────────────────────────────────────────────────────
+
+    def _stats(self, force: bool = False) -> _stats.RecorderSnapshot | None:
+        now = time.monotonic()
+        if force or now - self._last_stats >= _STATS_EVERY:
+            self._last_stats = now
+            return _stats.recorder.snapshot()
+        return None
+
+    # ── main loop ──────────────────────────────────────────────────────────────────────────
+
+    async def run(self, inbox: asyncio.Queue[object]) -> None:
+        try:
+            while True:
+                msg = await inbox.get()
+                if isinstance(msg, IndexTask):
+                    if msg.generation == self._generation:
+                        await self._start_batch(msg)
+                elif isinstance(msg, IterTask):
+                    if msg.generation == self._generation:
+                        self._ensure_iterating()
+                        self._iter_requests.put_nowait(msg)
+                elif isinstance(msg, Resume):
+                    await self._cancel_all()
+                    self._generation = msg.generation
+                    # The worker's dataset is a copy: carry the new epoch over (torch doesn't,
+                    # so persistent workers there shuffle every epoch the same way).
+                    set_epoch = getattr(self.cfg.dataset, "set_epoch", None)
+                    if msg.epoch is not None and callable(set_epoch):
+                        set_epoch(msg.epoch)
+                    self._put(ResumeAck(msg.generation, self.cfg.worker_id))
+                elif isinstance(msg, Shutdown):
+                    return
+        finally:
+            await self._cancel_all()
+            self.stopped.set()
+
+    async def _cancel_all(self) -> None:
+        tasks = list(self._tasks)
+        if self._iter_task is not None:
+            tasks.append(self._iter_task)
+            self._iter_task = None
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        self._tasks.clear()
+        self._iter_requests = asyncio.Queue()
+        self._sem = asyncio.Semaphore(self.cfg.max_concurrency)
+        _stats.recorder.in_flight = 0
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _fail(self, send_idx: int, exc: BaseException, index: Any = None) -> None:
+        _stats.note_error(type(exc).__name__)
+        where = self._where if index is None else f"{self._where} while fetching sample {index!r}"
+        self._put(
+            Failure(
+                send_idx,
+                self._generation,
+                self.cfg.worker_id,
+                RemoteError.capture(exc, where),
+                self._stats(force=True),
+            )
+        )
+
+    def _deliver(self, send_idx: int, samples: Any) -> None:
+        try:
+            data = self.cfg.collate_fn(samples)
+        except Exception as exc:
+            self._fail(send_idx, exc)
+            return
+        # Idle after this batch (e.g. the epoch's last): send final counts, else throttle.
+        stats = self._stats(force=_stats.recorder.in_flight == 0)
+        self._put(Result(send_idx, self._generation, self.cfg.worker_id, data, stats))
+
+    # ── map-style ──────────────────────────────────────────────────────────────────────────
+
+    async def _start_batch(self, task: IndexTask) -> None:
+        indices = task.indices
+        if not self.cfg.auto_collation:
+            indices = [indices]
+        elif isinstance(indices, np.ndarray):
+            indices = indices.tolist()
+        batch = _Batch(task, len(indices))
+        if not indices:
+            self._deliver(task.send_idx, [])
+            return
+        for pos, index in enumerate(indices):
+            # Waiting here is the backpressure: the next batch starts as soon as slots free up,
+            # before this one completes.
+            await self._sem.acquire()
+            if batch.failed:
+                self._sem.release()
+                return
+            _stats.recorder.in_flight += 1
+            self._spawn(self._fetch_one(batch, pos, index))
+
+    async def _fetch_one(self, batch: _Batch, pos: int, index: Any) -> None:
+        assert self._fetch is not None
+        t0 = time.perf_counter()
+        try:
+            sample = await self._fetch(index)
+        except Exception as exc:
+            if not batch.failed:
+                batch.failed = True
+                self._fail(batch.task.send_idx, exc, index)
+            return
+        finally:
+            self._sem.release()
+            _stats.recorder.in_flight -= 1
+        _stats.recorder.note_sample(time.perf_counter() - t0)
+        if batch.failed:
+            return
+        batch.samples[pos] = sample
+        batch.remaining -= 1
+        if batch.remaining == 0:
+            self._deliver(batch.task.send_idx, batch.samples if self.cfg.auto_collation else sample)
+
+    # ── iterable-style ─────────────────────────────────────────────────────────────────────
+
+    def _ensure_iterating(self) -> None:
+        if self._iter_task is None:
+            self._iter_task = asyncio.get_running_loop().create_task(self._iterate())
+
+    async def _iterate(self) -> None:
+        """Answer IterTasks in order from one pass over the dataset.
+
+        A pump runs ahead of the requests by up to ``max_concurrency`` items; items that are
+        awaitables are started immediately, so their fetches overlap, and taken in order.
+        """
+        ahead: asyncio.Queue[Any] = asyncio.Queue(maxsize=self.cfg.max_concurrency)
+        end = object()
+        pump = asyncio.get_running_loop().create_task(
+            self._pump(aiter_for(self.cfg.dataset), ahead, end)
+        )
+        want = self.cfg.batch_size if self.cfg.auto_collation else 1
+        exhausted = False
+        try:
+            while True:
+                req = await self._iter_requests.get()
+                if exhausted:
+                    self._put(Exhausted(req.send_idx, self._generation, self.cfg.worker_id))
+                    continue
+                samples: list[Any] = []
+                try:
+                    while len(samples) < (want or 1):
+                        item = await ahead.get()
+                        if item is end:
+                            exhausted = True
+                            break
+                        if isinstance(item, _Raised):
+                            exhausted = item.fatal
+                            raise item.exc
+                        if isinstance(item, asyncio.Future):
+                            item = await item
+                        samples.append(item)
+                except Exception as exc:
+                    self._fail(req.send_idx, exc)
+                    continue
+                if not samples or (exhausted and self.cfg.drop_last and len(samples) < (want or 1)):
+                    self._put(Exhausted(req.send_idx, self._generation, self.cfg.worker_id))
+                    continue
+                self._deliver(req.send_idx, samples if self.cfg.auto_collation else samples[0])
+        finally:
+            pump.cancel()
+            await asyncio.gather(pump, return_exceptions=True)
+
+    async def _pump(self, it: AsyncIterator[Any], ahead: asyncio.Queue[Any], end: object) -> None:
+        try:
+            async for item in it:
+                if inspect.isawaitable(item):
+                    await self._sem.acquire()
+                    _stats.recorder.in_flight += 1
+                    await ahead.put(asyncio.ensure_future(self._await_one(item)))
+                else:
+                    _stats.recorder.note_sample(0.0)
+                    await ahead.put(item)
+        except Exception as exc:
+            await ahead.put(_Raised(exc, fatal=True))
+            return
+        await ahead.put(end)
+
+    async def _await_one(self, aw: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            result = await aw
+        finally:
+            self._sem.release()
+            _stats.recorder.in_flight -= 1
+        _stats.recorder.note_sample(time.perf_counter() - t0)
+        return result
+
+
+@dataclass(frozen=True, slots=True)
+class _Raised:
+    exc: Exception
+    fatal: bool
+
+
+def _reseed(seed: int, worker_id: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+    # Same derivation as torch's workers, so NumPy streams match torch's DataLoader.
+    from torch.utils.data._utils.worker import _generate_state
+
+    np.random.seed(_generate_state(seed - worker_id, worker_id))  # type: ignore[no-untyped-call]
+
+
+def _install_worker_info(cfg: WorkerConfig) -> None:
+    seed = cfg.base_seed + cfg.worker_id
+    _sharding._set_worker_info(
+        _sharding.WorkerInfo(
+            id=cfg.worker_id,
+            num_workers=cfg.num_workers,
+            seed=seed,
+            dataset=cfg.dataset,
+            rank=cfg.rank,
+            world_size=cfg.world_size,
+        )
+    )
+    # torch.utils.data.get_worker_info() works too, and default_collate then allocates its
+    # output in shared memory, so tensors cross to the main process without a copy.
+    from torch.utils.data._utils import worker as torch_worker
+
+    torch_worker._worker_info = torch_worker.WorkerInfo(
+        id=cfg.worker_id, num_workers=cfg.num_workers, seed=seed, dataset=cfg.dataset
+    )
+
+
+# ── worker process ────────────────────────────────────────────────────────────────────────────
+
+
+def _parent_alive(main_pid: int, ppid: int) -> bool:
+    # Under forkserver our parent is the server, which outlives the main process while any
+    # worker lives; so check the main process itself, and count a zombie (dead, not yet reaped
+    # by its own parent) as dead.
+    if os.getppid() != ppid:
+        return False
+    try:
+        os.kill(main_pid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    try:
+        with open(f"/proc/{main_pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True  # no procfs (macOS): the kill() probe above is all we have
+    return state not in (b"Z", b"X")
+
+
+def _reader(
+    index_queue: Any,
+    loop: asyncio.AbstractEventLoop,
+    inbox: asyncio.Queue[object],
+    done_event: Any,
+    main_pid: int,
+) -> None:
+    """Forward tasks from the index queue into the loop; watch for the parent's death."""
+    ppid = os.getppid()
+    while True:
+        try:
+            msg = index_queue.get(timeout=POLL_INTERVAL)
+        except queue.Empty:
+            if done_event.is_set() or not _parent_alive(main_pid, ppid):
+                msg = Shutdown()
+            else:
+                continue
+        except (EOFError, OSError):
+            msg = Shutdown()
+        try:
+            loop.call_soon_threadsafe(inbox.put_nowait, msg)
+        except RuntimeError:  # loop already closed
+            return
+        if isinstance(msg, Shutdown):
+            return
+
+
+def worker_main(cfg: WorkerConfig, index_queue: Any, result_queue: Any, done_event: Any) -> None:
+    """Entry point of a worker process (module level so every start method can pickle it)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    torch.set_num_threads(1)
+    where = f"in DataLoader worker {cfg.worker_id} (pid {os.getpid()})"
+    _reseed(cfg.base_seed + cfg.worker_id, cfg.worker_id)
+    _install_worker_info(cfg)
+    _stats.recorder.reset()
+
+    def put(msg: object) -> None:
+        if not done_event.is_set():
+            result_queue.put(msg)
+
+    try:
+        _storage.import_config(cfg.storage_config)
+        _storage.set_pool_size(cfg.max_concurrency)
+        if cfg.worker_init_fn is not None:
+            cfg.worker_init_fn(cfg.worker_id)
+    except Exception as exc:
+        put(Failure(-1, 0, cfg.worker_id, RemoteError.capture(exc, f"{where} during start-up")))
+        _finish_queue(result_queue, done_event)
+        return
+
+    loop = new_event_loop()
+    pool = concurrent.futures.ThreadPoolExecutor(
+        max_workers=min(32, cfg.max_concurrency), thread_name_prefix=f"asyncload-w{cfg.worker_id}"
+    )
+    loop.set_default_executor(pool)
+    asyncio.set_event_loop(loop)
+    try:
+        engine = loop.run_until_complete(_make_engine(cfg, put, where))
+        inbox: asyncio.Queue[object] = asyncio.Queue()
+        reader = threading.Thread(
+            target=_reader,
+            args=(index_queue, loop, inbox, done_event, cfg.main_pid),
+            name="asyncload-reader",
+            daemon=True,
+        )
+        reader.start()
+        loop.run_until_complete(engine.run(inbox))
+    finally:
+        try:
+            loop.run_until_complete(_storage.aclose())
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
+            loop.close()
+            _finish_queue(result_queue, done_event)
+
+
+async def _make_engine(cfg: WorkerConfig, put: Callable[[object], None], where: str) -> Engine:
+    return Engine(cfg, put, where)  # created inside the loop: its primitives bind to it
+
+
+def _finish_queue(result_queue: Any, done_event: Any) -> None:
+    # After shutdown nobody reads the result queue: don't let its feeder thread block our exit.
+    if done_event.is_set():
+        result_queue.cancel_join_thread()
+    result_queue.close()
+
+
+# ── num_workers=0: the same engine in a thread ────────────────────────────────────────────────
+
+
+class ThreadWorker:
+    """Runs an :class:`Engine` on its own event loop in a daemon thread of the main process."""
+
+    def __init__(self, cfg: WorkerConfig) -> None:
+        self.results: queue.Queue[object] = queue.Queue()
+        self._loop = new_event_loop()
+        self._ready = threading.Event()
+        self._inbox: asyncio.Queue[object] | None = None
+        self._cfg = cfg
+        self._thread = threading.Thread(target=self._main, name="asyncload-loop", daemon=True)
+        self._thread.start()
+        self._ready.wait()
+
+    def _main(self) -> None:
+        loop = self._loop
+        asyncio.set_event_loop(loop)
+        pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=min(32, self._cfg.max_concurrency), thread_name_prefix="asyncload-t"
+        )
+        loop.set_default_executor(pool)
+        try:
+            engine = loop.run_until_complete(
+                _make_engine(self._cfg, self.results.put, "in the DataLoader's loop thread")
+            )
+            self._inbox = asyncio.Queue()
+            self._ready.set()
+            loop.run_until_complete(engine.run(self._inbox))
+            loop.run_until_complete(_storage.aclose())
+        finally:
+            self._ready.set()
+            pool.shutdown(wait=False, cancel_futures=True)
+            loop.close()
+
+    def send(self, msg: object) -> None:
+        inbox = self._inbox
+        if inbox is not None and not self._loop.is_closed():
+            try:
+                self._loop.call_soon_threadsafe(inbox.put_nowait, msg)
+            except RuntimeError:  # loop closed between the check and the call
+                pass
+
+    def is_alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def join(self, timeout: float) -> None:
+        self._thread.join(timeout)

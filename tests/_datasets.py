@@ -1,0 +1,137 @@
+"""Datasets used by the loader tests. Module level, so forkserver workers can import them."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import numpy as np
+import torch
+
+import asyncload
+
+
+def put_numbers(server: Any, n: int) -> str:
+    """Store objects ``n/0 .. n/{n-1}`` holding their own index; return the base URL."""
+    for i in range(n):
+        server.put(f"n/{i}", str(i).encode())
+    return server.url_for("n")
+
+
+class Numbers(asyncload.Dataset[int]):
+    """Item i is fetched over HTTP from ``{base}/{i}`` and is the integer i."""
+
+    def __init__(self, base: str, n: int, *, fail_on: tuple[int, ...] = ()) -> None:
+        self.base = base
+        self.n = n
+        self.fail_on = np.asarray(fail_on, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return self.n
+
+    async def __getitem__(self, index: int) -> int:
+        if index in self.fail_on:
+            raise ValueError(f"bad sample {index}")
+        body = await asyncload.read(f"{self.base}/{index}")
+        return int(body)
+
+
+class InFlight(asyncload.Dataset[tuple[int, int]]):
+    """Returns (index, samples in flight in this process when it finished): measures concurrency."""
+
+    active = 0
+
+    def __init__(self, base: str, n: int) -> None:
+        self.base, self.n = base, n
+
+    def __len__(self) -> int:
+        return self.n
+
+    async def __getitem__(self, index: int) -> tuple[int, int]:
+        InFlight.active += 1
+        try:
+            await asyncload.read(f"{self.base}/{index}")
+            return index, InFlight.active
+        finally:
+            InFlight.active -= 1
+
+
+class SyncNumbers(torch.utils.data.Dataset[int]):
+    """A plain torch dataset with a blocking __getitem__."""
+
+    def __init__(self, n: int, delay: float = 0.0) -> None:
+        self.n, self.delay = n, delay
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> int:
+        if self.delay:
+            time.sleep(self.delay)
+        return index
+
+
+class ShardedNumbers(asyncload.IterableDataset[int]):
+    """Iterable over HTTP objects 0..n-1, split with asyncload.shard()."""
+
+    def __init__(self, base: str, n: int, *, lazy: bool = False) -> None:
+        self.base, self.n, self.lazy = base, n, lazy
+
+    async def _get(self, i: int) -> int:
+        return int(await asyncload.read(f"{self.base}/{i}"))
+
+    async def __aiter__(self) -> AsyncIterator[Any]:
+        for i in asyncload.shard(range(self.n)):
+            if self.lazy:
+                yield self._get(i)  # an awaitable: the worker runs many at once
+            else:
+                yield await self._get(i)
+
+
+class SyncIterable(torch.utils.data.IterableDataset[int]):
+    """A plain torch iterable dataset sharded the torch way, with get_worker_info()."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self) -> Iterator[int]:
+        info = torch.utils.data.get_worker_info()
+        start, step = (info.id, info.num_workers) if info is not None else (0, 1)
+        return iter(range(start, self.n, step))
+
+
+class WhoAmI(asyncload.Dataset[tuple[int, int, int, int, int]]):
+    """Reports (index, pid, asyncload worker id, torch worker id, seed-derived random)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    async def __getitem__(self, index: int) -> tuple[int, int, int, int, int]:
+        await asyncio.sleep(0)
+        ours = asyncload.get_worker_info()
+        theirs = torch.utils.data.get_worker_info()
+        assert ours is not None
+        assert theirs is not None
+        assert ours.num_workers == theirs.num_workers
+        return index, os.getpid(), ours.id, theirs.id, int(torch.randint(0, 2**30, ()).item())
+
+
+class Sleepy(asyncload.Dataset[int]):
+    """Sleeps `delay` seconds for index `slow`, else returns at once."""
+
+    def __init__(self, n: int, slow: int, delay: float) -> None:
+        self.n, self.slow, self.delay = n, slow, delay
+
+    def __len__(self) -> int:
+        return self.n
+
+    async def __getitem__(self, index: int) -> int:
+        if index == self.slow:
+            await asyncio.sleep(self.delay)
+        return index

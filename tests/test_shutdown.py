@@ -1,0 +1,210 @@
+"""Errors, timeouts, dead workers and every way a loop can end: nothing may be left behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+import asyncload
+
+from ._datasets import Numbers, Sleepy, SyncNumbers, put_numbers
+from ._procs import worker_processes
+
+pytestmark = pytest.mark.usefixtures("no_leaks")
+
+
+def _worker_pids() -> list[int]:
+    return [p.pid for p in worker_processes()]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_sample_error_is_reraised_with_type_worker_index_and_traceback(
+    http_server: Any, num_workers: int
+) -> None:
+    base = put_numbers(http_server, 40)
+    loader = asyncload.DataLoader(
+        Numbers(base, 40, fail_on=(13,)), batch_size=4, num_workers=num_workers
+    )
+    seen: list[int] = []
+    with pytest.raises(ValueError, match="bad sample 13") as info:
+        _drain(loader, seen)
+    assert seen == list(range(12))  # batches before the failing one arrived, in order
+    notes = " ".join(getattr(info.value, "__notes__", []))
+    assert "sample 13" in notes
+    if num_workers:
+        assert "DataLoader worker 1 (pid " in notes  # batch 3 went to worker 1 (round robin)
+        cause = str(info.value.__cause__)
+        assert "Traceback" in cause
+        assert "__getitem__" in cause
+        assert "bad sample 13" in cause
+
+
+def _drain(batches: Any, into: list[int] | None = None) -> None:
+    for batch in batches:
+        if into is not None:
+            into.extend(batch.tolist())
+
+
+def test_missing_object_error_names_url_and_index(http_server: Any) -> None:
+    base = put_numbers(http_server, 8)
+    del http_server.objects["n/5"]
+    loader = asyncload.DataLoader(Numbers(base, 8), batch_size=2, num_workers=2)
+    with pytest.raises(asyncload.NotFound) as info:
+        list(loader)
+    assert isinstance(info.value, FileNotFoundError)
+    assert "n/5" in str(info.value)
+    assert "sample 5" in " ".join(info.value.__notes__)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_timeout_raises_batch_timeout(num_workers: int) -> None:
+    loader = asyncload.DataLoader(
+        Sleepy(8, slow=3, delay=30), batch_size=2, num_workers=num_workers, timeout=1
+    )
+    t0 = time.monotonic()
+    with pytest.raises(asyncload.BatchTimeout, match=r"timed out after 1\.0 seconds") as info:
+        list(loader)
+    assert isinstance(info.value, RuntimeError)
+    assert isinstance(info.value, TimeoutError)
+    assert time.monotonic() - t0 < 10
+
+
+def test_killed_worker_raises_naming_pid_and_signal() -> None:
+    loader = asyncload.DataLoader(Sleepy(100, slow=50, delay=60), batch_size=2, num_workers=2)
+    it = iter(loader)
+    next(it)
+    victim = it._workers[1].pid
+    os.kill(victim, signal.SIGKILL)
+    t0 = time.monotonic()
+    with pytest.raises(asyncload.WorkerError, match=rf"pid {victim}.*SIGKILL") as info:
+        _drain(it)
+    assert time.monotonic() - t0 < 5
+    assert info.value.pid == victim
+    assert info.value.exitcode == -signal.SIGKILL
+    assert isinstance(info.value, RuntimeError)
+
+
+def test_break_early_and_exception_in_training_loop_leave_nothing() -> None:
+    loader = asyncload.DataLoader(SyncNumbers(1000), batch_size=4, num_workers=2)
+    for _ in loader:
+        break
+    with pytest.raises(KeyError):
+        _train(loader)
+
+
+def _train(loader: Any) -> None:
+    for _ in loader:
+        raise KeyError("training step failed")
+
+
+def test_persistent_workers_survive_epochs_and_go_with_the_loader() -> None:
+    loader = asyncload.DataLoader(
+        SyncNumbers(30), batch_size=4, num_workers=2, persistent_workers=True, shuffle=True
+    )
+    it = iter(loader)
+    pids = [w.pid for w in it._workers]
+    for _ in range(3):
+        seen = sorted(i for b in loader for i in b.tolist())
+        assert seen == list(range(30))
+        assert [w.pid for w in loader._persistent_iter._workers] == pids
+    for _ in loader:  # break mid-epoch, then a full epoch: nothing stale may leak through
+        break
+    assert sorted(i for b in loader for i in b.tolist()) == list(range(30))
+    assert set(pids) <= set(_worker_pids())
+    del loader, it
+
+
+def test_unpicklable_dataset_error_names_the_attribute() -> None:
+    ds = SyncNumbers(10)
+    ds.transform = lambda x: x  # type: ignore[attr-defined]
+    loader = asyncload.DataLoader(ds, num_workers=1)
+    with pytest.raises(asyncload.NotPicklable, match=r"dataset\.transform.*lambda.*module level"):
+        iter(loader)
+    with pytest.raises(TypeError):
+        iter(asyncload.DataLoader(SyncNumbers(4), num_workers=1, collate_fn=lambda b: b))
+
+
+def test_worker_init_fn_failure_is_reported() -> None:
+    loader = asyncload.DataLoader(SyncNumbers(4), num_workers=1, worker_init_fn=_bad_init)
+    with pytest.raises(RuntimeError, match="no credentials") as info:
+        list(loader)
+    assert "start-up" in " ".join(info.value.__notes__)
+
+
+def _bad_init(worker_id: int) -> None:
+    raise RuntimeError(f"no credentials in worker {worker_id}")
+
+
+def test_unpicklable_batch_becomes_an_error_not_a_hang() -> None:
+    loader = asyncload.DataLoader(
+        SyncNumbers(4), batch_size=2, num_workers=1, collate_fn=_unpicklable
+    )
+    with pytest.raises(TypeError, match="could not be pickled"):
+        list(loader)
+
+
+def _unpicklable(batch: list[int]) -> Any:
+    return lambda: batch
+
+
+_SCRIPT = textwrap.dedent(
+    """
+    import os, sys, time
+    sys.path.insert(0, {root!r})
+    import asyncload
+    from tests._datasets import SyncNumbers
+
+    if __name__ == "__main__":
+        loader = asyncload.DataLoader(SyncNumbers(10**6, delay=0.01), batch_size=4, num_workers=2)
+        it = iter(loader)
+        next(it)
+        print(" ".join(str(w.pid) for w in it._workers), flush=True)
+        for _ in it:
+            pass
+    """
+)
+
+
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGINT", "SIGTERM"])
+def test_main_process_death_or_ctrl_c_leaves_no_workers(tmp_path: Path, how: str) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(_SCRIPT.format(root=str(Path(__file__).parent.parent)))
+    with subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as proc:
+        try:
+            assert proc.stdout is not None
+            pids = [int(p) for p in proc.stdout.readline().split()]
+            assert len(pids) == 2
+            os.kill(proc.pid, getattr(signal, how))
+            _, err = proc.communicate(timeout=15)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    deadline = time.monotonic() + 10
+    alive = pids
+    while alive and time.monotonic() < deadline:
+        alive = [p for p in pids if _running(p)]
+        time.sleep(0.1)
+    assert not alive, f"workers {alive} outlived their main process ({how})"
+    if how == "SIGINT":
+        assert "KeyboardInterrupt" in err
+        assert "Exception ignored" not in err, err
+        assert "leaked" not in err, err
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
