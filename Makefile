@@ -1,0 +1,40 @@
+# `make demo` and `make test` work on a fresh machine: they create .venv, install the package
+# with its dev extras under constraints.txt (which pins the CPU build of torch), then run.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test lint typecheck docs pytest bench clean
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev,plot]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/asyncload demo
+
+test: lint typecheck docs pytest
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks examples
+	$(BIN)/ruff format --check src tests benchmarks examples
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict --quiet --site-dir .site
+
+pytest: $(STAMP)
+	$(BIN)/pytest
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/bench_loader.py
+	$(BIN)/python benchmarks/bench_storage.py
+	$(BIN)/python benchmarks/bench_shards.py
+
+clean:
+	rm -rf $(VENV) .site .mypy_cache .ruff_cache .pytest_cache
