@@ -45,6 +45,7 @@ from ._protocol import (
     add_note,
 )
 from ._queues import ResultQueue
+from ._resume import Progress, ResumePoint, capture_rng, restore_rng
 from ._worker import ThreadWorker, WorkerConfig, worker_main
 
 __all__ = ["DataLoader"]
@@ -109,6 +110,20 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
         if not isinstance(max_concurrency, int) or max_concurrency < 1:
             raise ValueError(f"max_concurrency must be a positive integer, got {max_concurrency!r}")
         extra = {"in_order": in_order} if _HAS_IN_ORDER else {}
+        rank, world = _sharding.rank_and_world_size()
+        is_iterable = isinstance(dataset, torch.utils.data.IterableDataset)
+        if world > 1 and not is_iterable and sampler is None and batch_sampler is None:
+            # Under torchrun each rank must see its own share: DistributedSampler's split
+            # (padding by repetition, or dropping the tail with drop_last=True).
+            sampler = torch.utils.data.DistributedSampler(
+                dataset,
+                num_replicas=world,
+                rank=rank,
+                shuffle=bool(shuffle),
+                seed=int(generator.initial_seed()) if generator is not None else 0,
+                drop_last=drop_last,
+            )
+            shuffle = None
         super().__init__(
             dataset,
             batch_size=batch_size,
@@ -140,18 +155,87 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
         )
         self._tally: _Tally | None = None
         self._persistent_iter: _LoaderIter | None = None
+        self._live_iter: weakref.ref[_LoaderIter] | None = None
+        self._epoch: int | None = None
+        self._resume: ResumePoint | None = None
 
     def _get_iterator(self) -> _LoaderIter:  # type: ignore[override]
         it = _LoaderIter(self)
         self._tally = it.tally
+        self._live_iter = weakref.ref(it)
         return it
+
+    def set_epoch(self, epoch: int) -> None:
+        """Tell the sampler and the dataset which epoch starts next.
+
+        Calls ``set_epoch(epoch)`` on the sampler, the batch sampler and the dataset where they
+        have it (``DistributedSampler`` reshuffles by epoch, and so does ``TarShards``).
+        Persistent workers receive the new epoch before the next pass.
+        """
+        self._epoch = epoch
+        seen: set[int] = set()
+        batch_sampler_sampler = getattr(self.batch_sampler, "sampler", None)
+        for obj in (self.sampler, self.batch_sampler, batch_sampler_sampler, self.dataset):
+            fn = getattr(obj, "set_epoch", None)
+            if callable(fn) and id(obj) not in seen:
+                seen.add(id(obj))
+                fn(epoch)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the current pass stands, to continue it later with :meth:`load_state_dict`.
+
+        Only batches already handed to the training loop count as consumed; batches fetched but
+        not yet yielded are fetched again after a restore. The dict can be saved with
+        ``torch.save``.
+
+        Example:
+            >>> torch.save(loader.state_dict(), "loader.pt")  # doctest: +SKIP
+            >>> loader = asyncload.DataLoader(dataset, batch_size=32)  # doctest: +SKIP
+            >>> loader.load_state_dict(torch.load("loader.pt"))  # doctest: +SKIP
+            >>> for batch in loader:  # the rest of the interrupted epoch  # doctest: +SKIP
+            ...     ...
+        """
+        it = self._live_iter() if self._live_iter is not None else None
+        if it is None:
+            if self._resume is not None:
+                return self._resume.to_dict()
+            it_point = ResumePoint(
+                iterable=isinstance(self.dataset, torch.utils.data.IterableDataset),
+                num_workers=self.num_workers,
+                epoch=self._epoch,
+                rng=capture_rng(self.generator),
+                base_seed=0,
+                progress=Progress(max(1, self.num_workers)),
+                worker_active=(True,) * max(1, self.num_workers),
+                finished=True,
+            )
+            return it_point.to_dict()
+        return it.checkpoint(self._epoch).to_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue the pass recorded by :meth:`state_dict` at the next ``iter(loader)``.
+
+        Build the loader with the same dataset, sampler arguments and generator seed; for an
+        iterable dataset also the same ``num_workers``.
+        """
+        point = ResumePoint.from_dict(
+            state,
+            iterable=isinstance(self.dataset, torch.utils.data.IterableDataset),
+            num_workers=self.num_workers,
+        )
+        if point.epoch is not None:
+            self.set_epoch(point.epoch)
+        if self._persistent_iter is not None:  # its workers are mid-pass: start afresh
+            self._persistent_iter._shutdown()
+            self._persistent_iter = None
+        self._resume = None if point.finished else point
 
     def __iter__(self) -> _LoaderIter:  # type: ignore[override]
         if self.persistent_workers and self.num_workers > 0:
             if self._persistent_iter is None:
                 self._persistent_iter = self._get_iterator()
             else:
-                self._persistent_iter._reset(first=False)
+                self._persistent_iter._reset(first=False, epoch=self._epoch)
             self._tally = self._persistent_iter.tally
             return self._persistent_iter
         return self._get_iterator()
@@ -241,6 +325,7 @@ class _LoaderIter:
         self._timeout = float(loader.timeout)
         self._persistent = loader.persistent_workers
         self._process_mode = loader.num_workers > 0
+        self._loader_num_workers = loader.num_workers
         self._num_workers = max(1, loader.num_workers)
         self._max_outstanding = loader._outstanding_per_worker * self._num_workers
         self._generation = 0
@@ -257,10 +342,23 @@ class _LoaderIter:
         if loader.pin_memory and self._pin_device is None:
             _warn_no_accelerator()
 
+        self._generator = loader.generator
+        resume, loader._resume = loader._resume, None
+        self._resume = resume
+        if resume is not None:
+            restore_rng(self._generator, resume.rng)
+        self._rng_state = capture_rng(self._generator)
         self._sampler_iter: Iterator[Any] = iter(self._index_sampler)
         self._base_seed = int(
             torch.empty((), dtype=torch.int64).random_(generator=loader.generator).item()
         )
+        if resume is not None:
+            self._base_seed = resume.base_seed
+        per_batch = loader.batch_size if self._auto_collation and loader.batch_size else 1
+        skips = [0] * self._num_workers
+        if resume is not None and self._is_iterable:
+            skips = [n * per_batch for n in resume.progress.worker_batches]
+        self._finished = False
         self.tally = _Tally(self._num_workers, in_thread=not self._process_mode)
 
         rank, world = _sharding.rank_and_world_size()
@@ -281,6 +379,7 @@ class _LoaderIter:
                 world_size=world,
                 storage_config=_storage.export_config(),
                 main_pid=os.getpid(),
+                skip=skips[i],
             )
             for i in range(self._num_workers)
         ]
@@ -336,26 +435,39 @@ class _LoaderIter:
         else:
             self._replies = self._result_queue
 
-    def _reset(self, first: bool) -> None:
+    def _reset(self, first: bool, epoch: int | None = None) -> None:
         """Start a pass: torch's ``_reset``. With persistent workers, every later epoch too."""
         if not first:
+            self._resume = None
+            self._rng_state = capture_rng(self._generator)
             self._sampler_iter = iter(self._index_sampler)
             self._generation += 1
-            epoch = getattr(self._dataset, "epoch", None)
+            self._finished = False
             for i in range(self._num_workers):
-                self._send(i, Resume(self._generation, epoch if isinstance(epoch, int) else None))
+                self._send(i, Resume(self._generation, epoch))
             acks = 0
             while acks < self._num_workers:  # drop replies of the old pass until every ack
                 msg = self._get()
                 if isinstance(msg, ResumeAck) and msg.generation == self._generation:
                     acks += 1
             self.tally = _Tally(self._num_workers, in_thread=False)
+        resume = self._resume
+        # send_idx is the batch's ordinal in the pass, also across a checkpoint and restore.
+        self._progress = resume.progress if resume is not None else Progress(self._num_workers)
         self._send_idx = 0
         self._rcvd_idx = 0
         self._pending: dict[int, int] = {}  # send_idx → worker id, sent and not yet answered
         self._ready: dict[int, Any] = {}  # send_idx → reply, answered and not yet yielded
         self._active = [True] * self._num_workers
-        self._cycle = itertools.cycle(range(self._num_workers))
+        start = 0
+        if resume is not None and self._is_iterable:
+            # Every worker restarts active: one that had run dry skips its share and says so.
+            start = sum(self._progress.worker_batches) % self._num_workers
+        elif resume is not None:
+            for _ in itertools.islice(self._sampler_iter, self._progress.watermark):
+                pass
+            self._send_idx = self._rcvd_idx = self._progress.watermark
+        self._cycle = itertools.islice(itertools.cycle(range(self._num_workers)), start, None)
         self._sampler_done = False
         while self._try_put_index():
             pass
@@ -375,6 +487,7 @@ class _LoaderIter:
         try:
             data = self._next_data()
         except StopIteration:
+            self._finished = True
             if not self._persistent:
                 self._shutdown()
             raise
@@ -394,11 +507,18 @@ class _LoaderIter:
                 break
         else:
             return False
-        try:
-            index = next(self._sampler_iter)
-        except StopIteration:
-            self._sampler_done = True
-            return False
+        while True:
+            try:
+                index = next(self._sampler_iter)
+            except StopIteration:
+                self._sampler_done = True
+                return False
+            if self._is_iterable or not self._progress.is_done(self._send_idx):
+                break
+            # Yielded before the checkpoint (out of order): skip it, keep ordinals aligned.
+            if self._in_order:
+                self._ready[self._send_idx] = _SKIP
+            self._send_idx += 1
         if self._is_iterable:
             msg: object = IterTask(self._send_idx, self._generation)
         else:
@@ -445,11 +565,25 @@ class _LoaderIter:
     def _unwrap(self, msg: Result | Failure) -> Any:
         if isinstance(msg, Failure):
             msg.error.reraise()
+        self._progress.mark(msg.send_idx, msg.worker_id if self._is_iterable else None)
         if self._pin_device is not None and not self._process_mode:
             msg = pin(msg, self._pin_device)
             if isinstance(msg, Failure):
                 msg.error.reraise()
         return msg.data
+
+    def checkpoint(self, epoch: int | None) -> ResumePoint:
+        p = self._progress
+        return ResumePoint(
+            iterable=self._is_iterable,
+            num_workers=self._loader_num_workers,
+            epoch=epoch,
+            rng=self._rng_state,
+            base_seed=self._base_seed,
+            progress=Progress(p.num_workers, p.watermark, set(p.extra), list(p.worker_batches)),
+            worker_active=tuple(self._active),
+            finished=self._finished,
+        )
 
     def _send(self, worker_id: int, msg: object) -> None:
         if self._process_mode:

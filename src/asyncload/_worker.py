@@ -65,6 +65,8 @@ class WorkerConfig:
     world_size: int
     storage_config: object
     main_pid: int
+    skip: int = 0
+    """Samples of an iterable dataset to skip on the first pass (resuming a checkpoint)."""
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
@@ -109,6 +111,7 @@ class Engine:
         self._iter_requests: asyncio.Queue[IterTask] = asyncio.Queue()
         self._iter_task: asyncio.Task[None] | None = None
         self._last_stats = 0.0
+        self._skip = cfg.skip
         self.stopped = asyncio.Event()
 
     # ── stats ──────────────────────────────────────────────────────────────────────────────
@@ -247,9 +250,9 @@ class Engine:
         """
         ahead: asyncio.Queue[Any] = asyncio.Queue(maxsize=self.cfg.max_concurrency)
         end = object()
-        pump = asyncio.get_running_loop().create_task(
-            self._pump(aiter_for(self.cfg.dataset), ahead, end)
-        )
+        skip, self._skip = self._skip, 0
+        it = _skipping(self.cfg.dataset, skip)
+        pump = asyncio.get_running_loop().create_task(self._pump(it, ahead, end))
         want = self.cfg.batch_size if self.cfg.auto_collation else 1
         exhausted = False
         try:
@@ -306,6 +309,23 @@ class Engine:
             _stats.recorder.in_flight -= 1
         _stats.recorder.note_sample(time.perf_counter() - t0)
         return result
+
+
+async def _skipping(dataset: Any, skip: int) -> AsyncIterator[Any]:
+    """Iterate *dataset* from sample *skip* on: its own ``aiter_from`` if it has one (it may
+    know a cheaper way), else by discarding; awaitables skipped are closed, never fetched."""
+    aiter_from = getattr(dataset, "aiter_from", None)
+    if skip and callable(aiter_from):
+        async for item in aiter_from(skip):
+            yield item
+        return
+    async for item in aiter_for(dataset):
+        if skip:
+            skip -= 1
+            if inspect.iscoroutine(item):
+                item.close()
+            continue
+        yield item
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,149 @@
+"""Mid-epoch state_dict / load_state_dict, set_epoch and rank partitioning (in one process).
+
+The fresh-process and torchrun variants live in tests/test_distributed.py.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Any
+
+import pytest
+import torch
+
+import asyncload
+
+from ._datasets import Numbers, ShardedNumbers, put_numbers
+
+pytestmark = pytest.mark.usefixtures("no_leaks")
+
+
+def _take(loader: Any, k: int) -> tuple[list[int], dict[str, Any]]:
+    it = iter(loader)
+    seen = [i for _, batch in zip(range(k), it, strict=False) for i in batch.tolist()]
+    state = loader.state_dict()
+    del it
+    return seen, state
+
+
+@pytest.mark.parametrize(
+    ("num_workers", "in_order", "generator"),
+    [(0, True, True), (2, True, False), (2, False, True), (2, False, False)],
+)
+def test_map_style_resume_loses_and_repeats_nothing(
+    http_server: Any, num_workers: int, in_order: bool, generator: bool
+) -> None:
+    n = 300
+    base = put_numbers(http_server, n)
+    http_server.jitter = 0.01  # completions out of order
+
+    def make() -> asyncload.DataLoader[Any]:
+        gen = torch.Generator().manual_seed(11) if generator else None
+        return asyncload.DataLoader(
+            Numbers(base, n),
+            batch_size=8,
+            shuffle=True,
+            num_workers=num_workers,
+            in_order=in_order,
+            generator=gen,
+        )
+
+    torch.manual_seed(99)
+    before, state = _take(make(), 9)
+    assert len(before) == 72
+    torch.manual_seed(12345)  # the global RNG moved on, as it would in a new process
+    restored = make()
+    restored.load_state_dict(torch.load(_roundtrip(state), weights_only=False))
+    after = [i for batch in restored for i in batch.tolist()]
+    both = collections.Counter(before + after)
+    assert sorted(both) == list(range(n))
+    assert max(both.values()) == 1
+    # The restored loader continued the *same* permutation: the next epoch starts afresh.
+    assert sorted(i for b in restored for i in b.tolist()) == list(range(n))
+
+
+def _roundtrip(state: dict[str, Any]) -> Any:
+    import io
+
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    buf.seek(0)
+    return buf
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_iterable_resume_per_worker(http_server: Any, lazy: bool) -> None:
+    n = 203
+    base = put_numbers(http_server, n)
+    http_server.jitter = 0.01
+
+    def make() -> asyncload.DataLoader[Any]:
+        return asyncload.DataLoader(ShardedNumbers(base, n, lazy=lazy), batch_size=5, num_workers=2)
+
+    before, state = _take(make(), 7)
+    restored = make()
+    restored.load_state_dict(state)
+    after = [i for batch in restored for i in batch.tolist()]
+    assert sorted(before + after) == list(range(n))
+
+    wrong = asyncload.DataLoader(ShardedNumbers(base, n), batch_size=5, num_workers=1)
+    with pytest.raises(ValueError, match="num_workers=2"):
+        wrong.load_state_dict(state)
+
+
+def test_state_after_a_full_epoch_starts_the_next_one(http_server: Any) -> None:
+    base = put_numbers(http_server, 20)
+    loader = asyncload.DataLoader(Numbers(base, 20), batch_size=4)
+    assert len(list(loader)) == 5
+    state = loader.state_dict()
+    fresh = asyncload.DataLoader(Numbers(base, 20), batch_size=4)
+    fresh.load_state_dict(state)
+    assert len(list(fresh)) == 5
+    with pytest.raises(ValueError, match="not an asyncload"):
+        fresh.load_state_dict({"foo": 1})
+
+
+def test_ranks_partition_map_style_like_distributed_sampler(
+    http_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    n = 101
+    base = put_numbers(http_server, n)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    seen: dict[int, list[int]] = {}
+    for rank in (0, 1):
+        monkeypatch.setenv("RANK", str(rank))
+        loader = asyncload.DataLoader(Numbers(base, n), batch_size=10, shuffle=True, num_workers=1)
+        loader.set_epoch(3)
+        seen[rank] = [i for b in loader for i in b.tolist()]
+        sampler = torch.utils.data.DistributedSampler(
+            list(range(n)), num_replicas=2, rank=rank, shuffle=True, seed=0
+        )
+        sampler.set_epoch(3)
+        expected = list(sampler)
+        assert seen[rank] == expected
+    assert len(seen[0]) == len(seen[1]) == 51  # padded by repetition, as DistributedSampler does
+    assert set(seen[0]) | set(seen[1]) == set(range(n))
+
+
+def test_persistent_workers_get_the_new_epoch(http_server: Any) -> None:
+    loader = asyncload.DataLoader(
+        _EpochEcho(), batch_size=2, num_workers=2, persistent_workers=True
+    )
+    for epoch in range(3):
+        loader.set_epoch(epoch)
+        assert {e for b in loader for e in b.tolist()} == {epoch}
+    del loader
+
+
+class _EpochEcho(asyncload.Dataset[int]):
+    def __init__(self) -> None:
+        self.epoch = -1
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return 8
+
+    async def __getitem__(self, index: int) -> int:
+        return self.epoch
