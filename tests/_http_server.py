@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import random
+import ssl
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from aiohttp import web
 #   "short": announce the full Content-Length, send half the body, close the connection
 #   "reset": send headers and a little body, then abort the TCP connection
 #   "stall:S": send headers, then sleep S seconds before the body
+#   "redirect:URL": 302 to URL (relative or absolute)
 FAULTS = ("500", "502", "503", "504", "429", "404", "403", "401", "short", "reset")
 
 
@@ -30,6 +32,7 @@ class ObjectServer:
 
     host: str = "127.0.0.1"
     port: int = 0
+    scheme: str = "http"
     objects: dict[str, bytes] = field(default_factory=dict)
     latency: float = 0.0
     jitter: float = 0.0
@@ -39,7 +42,7 @@ class ObjectServer:
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"{self.scheme}://{self.host}:{self.port}"
 
     def url_for(self, path: str) -> str:
         return f"{self.url}/{path.lstrip('/')}"
@@ -85,6 +88,8 @@ def _make_app(state: ObjectServer) -> web.Application:
         if fault is not None:
             if fault.isdigit():
                 return web.Response(status=int(fault), text=f"injected {fault}")
+            if fault.startswith("redirect:"):
+                raise web.HTTPFound(fault.split(":", 1)[1])
             if fault.startswith("retry-after:"):
                 return web.Response(
                     status=503, headers={"Retry-After": fault.split(":", 1)[1]}, text="slow down"
@@ -102,7 +107,9 @@ def _make_app(state: ObjectServer) -> web.Application:
                 status, body = 206, data[start:end]
                 headers["Content-Range"] = f"bytes {start}-{end - 1}/{len(data)}"
         if request.method == "HEAD":
-            return web.Response(status=status, headers={**headers, "Content-Length": str(len(body))})
+            return web.Response(
+                status=status, headers={**headers, "Content-Length": str(len(body))}
+            )
         if fault in ("short", "reset") or (fault or "").startswith("stall:"):
             resp = web.StreamResponse(status=status, headers=headers)
             resp.content_length = len(body)
@@ -136,9 +143,16 @@ class _Running:
     stop: asyncio.Event | None = None
 
 
-def serve_in_thread(state: ObjectServer | None = None) -> _Running:
-    """Start the server on an ephemeral loopback port; returns once it accepts connections."""
+def serve_in_thread(
+    state: ObjectServer | None = None, ssl_context: ssl.SSLContext | None = None
+) -> _Running:
+    """Start the server on an ephemeral loopback port; returns once it accepts connections.
+
+    With *ssl_context* it serves HTTPS (``state.scheme`` becomes ``"https"``).
+    """
     state = state or ObjectServer()
+    if ssl_context is not None:
+        state.scheme = "https"
     loop = asyncio.new_event_loop()
     ready = threading.Event()
     running = _Running(state, loop, threading.Thread())
@@ -146,7 +160,7 @@ def serve_in_thread(state: ObjectServer | None = None) -> _Running:
     async def main() -> None:
         runner = web.AppRunner(_make_app(state), access_log=None, handler_cancellation=True)
         await runner.setup()
-        site = web.TCPSite(runner, state.host, state.port, backlog=1024)
+        site = web.TCPSite(runner, state.host, state.port, backlog=1024, ssl_context=ssl_context)
         await site.start()
         server = site._server
         assert server is not None

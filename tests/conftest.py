@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import psutil
 import pytest
 
 from ._http_server import ObjectServer, http_server_context
+from ._procs import worker_processes
+from ._s3_server import S3Server, s3_server_context
 
 
 @pytest.fixture(scope="session")
@@ -33,22 +33,61 @@ def _shm_entries() -> set[str]:
 
 @pytest.fixture
 def no_leaks() -> Iterator[None]:
-    """Fail the test if it leaves child processes or /dev/shm entries behind."""
-    me = psutil.Process(os.getpid())
-    before_children = {p.pid for p in me.children(recursive=True)}
+    """Fail the test if it leaves worker processes or /dev/shm entries behind."""
+    before = {p.pid for p in worker_processes()}
     before_shm = _shm_entries()
     yield
     deadline = time.monotonic() + 10
     while True:
-        left = [
-            p for p in me.children(recursive=True)
-            if p.pid not in before_children and p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-            and "forkserver" not in " ".join(p.cmdline())
-            and "resource_tracker" not in " ".join(p.cmdline())
-        ]
+        left = [p for p in worker_processes() if p.pid not in before]
         if not left or time.monotonic() > deadline:
             break
         time.sleep(0.05)
     assert not left, f"processes left behind: {[(p.pid, p.cmdline()) for p in left]}"
     new_shm = {n for n in _shm_entries() - before_shm if "torch" in n or "asyncload" in n}
     assert not new_shm, f"shared memory left behind: {sorted(new_shm)}"
+
+
+# -- S3 (moto) -----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def _s3_server_session() -> Iterator[S3Server]:
+    pytest.importorskip("moto.server", reason="moto[server] is not installed")
+    yield from s3_server_context()
+
+
+@pytest.fixture
+def s3_server(_s3_server_session: S3Server, monkeypatch: pytest.MonkeyPatch) -> Iterator[S3Server]:
+    """moto's S3 server on 127.0.0.1, with AWS_* variables pointing at it for this test only.
+
+    Storage settings and cached stores are reset around the test so the environment is read
+    afresh.
+    """
+    from asyncload import _storage
+
+    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in _s3_server_session.env().items():
+        monkeypatch.setenv(name, value)
+    _storage.reset()
+    yield _s3_server_session
+    _s3_server_session.enforce_auth(False)
+    _storage.reset()
+
+
+# -- storage -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def clean_storage() -> Iterator[None]:
+    """No configured prefixes or cached stores before or after the test.
+
+    aiohttp sessions need no teardown here: each is closed when its event loop shuts down
+    (pytest-asyncio's runner calls ``shutdown_asyncgens``), which this also exercises.
+    """
+    from asyncload import _storage
+
+    _storage.reset()
+    yield
+    _storage.reset()

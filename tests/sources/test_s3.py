@@ -1,0 +1,224 @@
+"""s3:// through obstore against moto's S3 server on 127.0.0.1 (and the fault-injecting server)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+
+import pytest
+
+import asyncload
+from asyncload import _stats, _storage
+from asyncload._exceptions import ConnectError, NotFound, PermissionDenied, ServerError
+from asyncload.sources import _s3
+
+from .._http_server import ObjectServer
+from .._s3_server import ACCESS_KEY, REGION, SECRET_KEY, S3Server
+
+pytest.importorskip("obstore", reason="obstore (asyncload[s3]) is not installed")
+
+pytestmark = pytest.mark.usefixtures("clean_storage")
+
+DATA = bytes(range(256)) * 40
+MANY = 1_100  # more than one page of ListObjectsV2 (1,000 keys)
+
+
+@pytest.fixture(scope="module")
+def many_keys(_s3_server_session: S3Server) -> Iterator[str]:
+    """A bucket with 1,100 tiny keys, uploaded once for the module (concurrently)."""
+    import obstore
+    from obstore.store import S3Store
+
+    store = S3Store(
+        "asyncload-many",
+        endpoint=_s3_server_session.endpoint,
+        access_key_id=ACCESS_KEY,
+        secret_access_key=SECRET_KEY,
+        region=REGION,
+        client_options={"allow_http": True},
+    )
+    _s3_server_session.bucket("asyncload-many")
+
+    async def upload() -> None:
+        sem = asyncio.Semaphore(32)
+
+        async def put(i: int) -> None:
+            async with sem:
+                await obstore.put_async(store, f"k/{i:05d}", str(i).encode())
+
+        await asyncio.gather(*(put(i) for i in range(MANY)))
+
+    # A private thread and loop: obstore's runtime must not run in a loop pytest-asyncio owns.
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(asyncio.run, upload()).result()
+    return "s3://asyncload-many"
+
+
+@pytest.mark.asyncio
+async def test_get_whole_object_with_credentials_from_env(s3_server: S3Server) -> None:
+    bucket = s3_server.bucket("asyncload-get", {"dir/a.bin": DATA})
+    before = _stats.recorder.bytes
+    assert await asyncload.read(f"{bucket}/dir/a.bin") == DATA
+    assert _stats.recorder.bytes - before == len(DATA)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(("start", "end"), [(10, 20), (None, 7), (len(DATA) - 5, None), (3, 3)])
+async def test_byte_ranges(s3_server: S3Server, start: int | None, end: int | None) -> None:
+    bucket = s3_server.bucket("asyncload-get", {"r.bin": DATA})
+    assert await asyncload.read(f"{bucket}/r.bin", start=start, end=end) == DATA[start:end]
+
+
+@pytest.mark.asyncio
+async def test_stat(s3_server: S3Server) -> None:
+    bucket = s3_server.bucket("asyncload-get", {"s.bin": DATA})
+    info = await asyncload.stat(f"{bucket}/s.bin")
+    assert info.size == len(DATA)
+    assert info.etag
+    assert info.mtime is not None
+    assert abs(info.mtime - time.time()) < 3600
+
+
+@pytest.mark.asyncio
+async def test_stream(s3_server: S3Server) -> None:
+    bucket = s3_server.bucket("asyncload-get", {"big.bin": DATA * 50})
+    chunks = [c async for c in asyncload.stream(f"{bucket}/big.bin", chunk_size=64 * 1024)]
+    assert b"".join(chunks) == DATA * 50
+
+
+def test_list_files_follows_pagination(s3_server: S3Server, many_keys: str) -> None:
+    urls = asyncload.list_files(many_keys + "/k/")
+    assert len(urls) == MANY
+    assert urls == sorted(urls)
+    assert urls[0] == f"{many_keys}/k/00000"
+    assert len(set(urls)) == MANY
+
+
+@pytest.mark.asyncio
+async def test_list_files_async_under_a_prefix(s3_server: S3Server) -> None:
+    bucket = s3_server.bucket(
+        "asyncload-list", {"a/1": b"1", "a/2": b"2", "a/sub/3": b"3", "b/4": b"4"}
+    )
+    assert await asyncload.list_files_async(f"{bucket}/a") == [
+        f"{bucket}/a/1",
+        f"{bucket}/a/2",
+        f"{bucket}/a/sub/3",
+    ]
+
+
+@pytest.mark.asyncio
+async def test_missing_key_and_missing_bucket_are_not_found(s3_server: S3Server) -> None:
+    bucket = s3_server.bucket("asyncload-get")
+    with pytest.raises(NotFound) as info:
+        await asyncload.read(f"{bucket}/no/such/key")
+    assert isinstance(info.value, FileNotFoundError)
+    assert info.value.attempts == 1
+    assert f"{bucket}/no/such/key" in str(info.value)
+    with pytest.raises(NotFound):
+        await asyncload.read("s3://asyncload-no-such-bucket/key")
+
+
+@pytest.mark.asyncio
+async def test_unknown_credentials_are_permission_denied(s3_server: S3Server) -> None:
+    bucket = s3_server.bucket("asyncload-auth", {"k": DATA})
+    s3_server.enforce_auth(True)  # moto now rejects keys it has never issued: a real 403
+    with pytest.raises(PermissionDenied) as info:
+        await asyncload.read(f"{bucket}/k")
+    assert isinstance(info.value, PermissionError)
+    assert info.value.status == 403
+    assert info.value.attempts == 1
+    assert "AWS_ACCESS_KEY_ID" in str(info.value)
+    assert SECRET_KEY not in str(info.value)
+
+
+@pytest.mark.asyncio
+async def test_endpoint_and_credentials_from_configure(
+    s3_server: S3Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bucket = s3_server.bucket("asyncload-conf", {"k": b"configured"})
+    for name in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(name)
+    asyncload.configure(
+        bucket,
+        endpoint=s3_server.endpoint,
+        region=REGION,
+        credentials={"access_key_id": ACCESS_KEY, "secret_access_key": SECRET_KEY},
+    )
+    assert await asyncload.read(f"{bucket}/k") == b"configured"
+
+
+@pytest.mark.asyncio
+async def test_refused_endpoint_fails_fast(s3_server: S3Server) -> None:
+    _storage.configure("s3://asyncload-refused", endpoint="http://127.0.0.1:9")
+    t0 = time.monotonic()
+    with pytest.raises(ConnectError) as info:
+        await asyncload.read("s3://asyncload-refused/k")
+    assert info.value.attempts == 1
+    assert time.monotonic() - t0 < 2
+
+
+@pytest.mark.asyncio
+async def test_server_errors_are_retried_by_our_policy_only(
+    http_server: ObjectServer, s3_server: S3Server
+) -> None:
+    # The fault-injecting server stands in for S3 (path-style: /bucket/key). Exactly one hit per
+    # attempt proves obstore's own retries are off and the attempt count is true.
+    http_server.put("asyncload-faulty/k", DATA)
+    http_server.fail("asyncload-faulty/k", "503", "500")
+    _storage.configure(
+        "s3://asyncload-faulty",
+        endpoint=http_server.url,
+        retry=asyncload.Retry(attempts=3, backoff=0.01),
+    )
+    retries = _stats.recorder.retries["503"]
+    assert await asyncload.read("s3://asyncload-faulty/k") == DATA
+    assert http_server.hits["asyncload-faulty/k"] == 3
+    assert _stats.recorder.retries["503"] == retries + 1
+
+    http_server.fail("asyncload-faulty/k", "503", "503", "503")
+    with pytest.raises(ServerError) as info:
+        await asyncload.read("s3://asyncload-faulty/k")
+    assert info.value.attempts == 3
+    assert http_server.hits["asyncload-faulty/k"] == 6
+
+
+@pytest.mark.asyncio
+async def test_short_body_from_s3_endpoint_is_refetched(
+    http_server: ObjectServer, s3_server: S3Server
+) -> None:
+    http_server.put("asyncload-faulty/cut", DATA)
+    http_server.fail("asyncload-faulty/cut", "short")
+    _storage.configure(
+        "s3://asyncload-faulty",
+        endpoint=http_server.url,
+        retry=asyncload.Retry(attempts=3, backoff=0.01),
+    )
+    assert await asyncload.read("s3://asyncload-faulty/cut") == DATA
+    assert http_server.hits["asyncload-faulty/cut"] == 2
+
+
+def test_map_error_slowdown_is_retryable() -> None:
+    class FakeGeneric(Exception):
+        pass
+
+    failure = _s3.map_error(
+        FakeGeneric("Generic S3 error: <Code>SlowDown</Code> status: 503"), "s3"
+    )
+    assert failure.kind is ServerError
+    assert failure.retryable
+    assert failure.reason == "SlowDown"
+
+
+def test_map_error_403_names_the_variables_per_cloud() -> None:
+    for scheme, var in (
+        ("s3", "AWS_ACCESS_KEY_ID"),
+        ("gs", "GOOGLE_APPLICATION_CREDENTIALS"),
+        ("az", "AZURE_STORAGE_ACCOUNT_KEY"),
+    ):
+        failure = _s3.map_error(Exception("non-2xx status code: 403 Forbidden"), scheme)
+        assert failure.kind is PermissionDenied
+        assert not failure.retryable
+        assert var in failure.message
