@@ -1,24 +1,22 @@
-"""The worker: one event loop fetching up to ``max_concurrency`` samples at once, across batches.
+"""Where an :class:`~asyncload._engine.Engine` runs: a worker process, or a thread.
 
-The same :class:`Engine` runs in a worker process (:func:`worker_main`) and, for
-``num_workers=0``, in a background thread of the main process (:class:`ThreadWorker`). It reads
-tasks from an asyncio queue, starts one coroutine per sample, collates a batch the moment its last
-sample lands and hands it to ``put``. See NOTE [ Data flow and shutdown ] in ``_protocol.py``.
+For ``num_workers=0`` the engine runs in a thread of the main process (:class:`ThreadWorker`).
+:func:`worker_main` is the process entry point (module level, so every start method can pickle
+it): it seeds the RNGs as torch does, installs the worker info, runs ``worker_init_fn``, starts a
+uvloop loop with a thread pool as its default executor, and forwards tasks from the index queue
+into the loop from a reader thread that also watches for the main process's death.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import inspect
 import os
 import queue
 import random
 import signal
 import threading
-import time
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -26,47 +24,15 @@ import torch
 import torch.utils.data
 
 from . import _sharding, _stats, _storage
-from ._dataset import aiter_for, fetcher_for
+from ._engine import Engine, WorkerConfig
 from ._protocol import (
     POLL_INTERVAL,
-    Exhausted,
     Failure,
-    IndexTask,
-    IterTask,
     RemoteError,
-    Result,
-    Resume,
-    ResumeAck,
     Shutdown,
 )
 
-__all__ = ["Engine", "ThreadWorker", "WorkerConfig", "new_event_loop", "worker_main"]
-
-# Stats ride along with results at most this often (seconds), so they cost nothing per sample.
-_STATS_EVERY = 0.2
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerConfig:
-    """Everything a worker needs, sent once when it starts."""
-
-    worker_id: int
-    num_workers: int
-    base_seed: int
-    dataset: Any
-    is_iterable: bool
-    auto_collation: bool
-    batch_size: int | None
-    drop_last: bool
-    collate_fn: Callable[[Any], Any]
-    worker_init_fn: Callable[[int], None] | None
-    max_concurrency: int
-    rank: int
-    world_size: int
-    storage_config: object
-    main_pid: int
-    skip: int = 0
-    """Samples of an iterable dataset to skip on the first pass (resuming a checkpoint)."""
+__all__ = ["ThreadWorker", "WorkerConfig", "new_event_loop", "worker_main"]
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
@@ -77,261 +43,6 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
         return asyncio.new_event_loop()
     loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
     return loop
-
-
-class _Batch:
-    """A map-style batch being fetched: samples land in their slot as they complete."""
-
-    __slots__ = ("failed", "remaining", "samples", "task")
-
-    def __init__(self, task: IndexTask, n: int) -> None:
-        self.task = task
-        self.samples: list[Any] = [None] * n
-        self.remaining = n
-        self.failed = False
-
-
-class Engine:
-    """Fetches, collates and hands over batches for one worker (process or thread).
-
-    Args:
-        cfg: The worker's configuration.
-        put: Delivers a reply message to the main process; must not block for long.
-        where: Names this worker in error messages ("in DataLoader worker 1 (pid 123)").
-    """
-
-    def __init__(self, cfg: WorkerConfig, put: Callable[[object], None], where: str) -> None:
-        self.cfg = cfg
-        self._put = put
-        self._where = where
-        self._fetch = None if cfg.is_iterable else fetcher_for(cfg.dataset)
-        self._generation = 0
-        self._sem = asyncio.Semaphore(cfg.max_concurrency)
-        self._tasks: set[asyncio.Task[Any]] = set()
-        self._iter_requests: asyncio.Queue[IterTask] = asyncio.Queue()
-        self._iter_task: asyncio.Task[None] | None = None
-        self._last_stats = 0.0
-        self._skip = cfg.skip
-        self.stopped = asyncio.Event()
-
-    # ── stats ──────────────────────────────────────────────────────────────────────────────
-
-    def _stats(self, force: bool = False) -> _stats.RecorderSnapshot | None:
-        now = time.monotonic()
-        if force or now - self._last_stats >= _STATS_EVERY:
-            self._last_stats = now
-            return _stats.recorder.snapshot()
-        return None
-
-    # ── main loop ──────────────────────────────────────────────────────────────────────────
-
-    async def run(self, inbox: asyncio.Queue[object]) -> None:
-        try:
-            while True:
-                msg = await inbox.get()
-                if isinstance(msg, IndexTask):
-                    if msg.generation == self._generation:
-                        await self._start_batch(msg)
-                elif isinstance(msg, IterTask):
-                    if msg.generation == self._generation:
-                        self._ensure_iterating()
-                        self._iter_requests.put_nowait(msg)
-                elif isinstance(msg, Resume):
-                    await self._cancel_all()
-                    self._generation = msg.generation
-                    # The worker's dataset is a copy: carry the new epoch over (torch doesn't,
-                    # so persistent workers there shuffle every epoch the same way).
-                    set_epoch = getattr(self.cfg.dataset, "set_epoch", None)
-                    if msg.epoch is not None and callable(set_epoch):
-                        set_epoch(msg.epoch)
-                    self._put(ResumeAck(msg.generation, self.cfg.worker_id))
-                elif isinstance(msg, Shutdown):
-                    return
-        finally:
-            await self._cancel_all()
-            self.stopped.set()
-
-    async def _cancel_all(self) -> None:
-        tasks = list(self._tasks)
-        if self._iter_task is not None:
-            tasks.append(self._iter_task)
-            self._iter_task = None
-        for t in tasks:
-            t.cancel()
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
-        self._tasks.clear()
-        self._iter_requests = asyncio.Queue()
-        self._sem = asyncio.Semaphore(self.cfg.max_concurrency)
-        _stats.recorder.in_flight = 0
-
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    def _fail(self, send_idx: int, exc: BaseException, index: Any = None) -> None:
-        _stats.note_error(type(exc).__name__)
-        where = self._where if index is None else f"{self._where} while fetching sample {index!r}"
-        self._put(
-            Failure(
-                send_idx,
-                self._generation,
-                self.cfg.worker_id,
-                RemoteError.capture(exc, where),
-                self._stats(force=True),
-            )
-        )
-
-    def _deliver(self, send_idx: int, samples: Any) -> None:
-        try:
-            data = self.cfg.collate_fn(samples)
-        except Exception as exc:
-            self._fail(send_idx, exc)
-            return
-        # Idle after this batch (e.g. the epoch's last): send final counts, else throttle.
-        stats = self._stats(force=_stats.recorder.in_flight == 0)
-        self._put(Result(send_idx, self._generation, self.cfg.worker_id, data, stats))
-
-    # ── map-style ──────────────────────────────────────────────────────────────────────────
-
-    async def _start_batch(self, task: IndexTask) -> None:
-        indices = task.indices
-        if not self.cfg.auto_collation:
-            indices = [indices]
-        elif isinstance(indices, np.ndarray):
-            indices = indices.tolist()
-        batch = _Batch(task, len(indices))
-        if not indices:
-            self._deliver(task.send_idx, [])
-            return
-        for pos, index in enumerate(indices):
-            # Waiting here is the backpressure: the next batch starts as soon as slots free up,
-            # before this one completes.
-            await self._sem.acquire()
-            if batch.failed:
-                self._sem.release()
-                return
-            _stats.recorder.in_flight += 1
-            self._spawn(self._fetch_one(batch, pos, index))
-
-    async def _fetch_one(self, batch: _Batch, pos: int, index: Any) -> None:
-        assert self._fetch is not None
-        t0 = time.perf_counter()
-        try:
-            sample = await self._fetch(index)
-        except Exception as exc:
-            if not batch.failed:
-                batch.failed = True
-                self._fail(batch.task.send_idx, exc, index)
-            return
-        finally:
-            self._sem.release()
-            _stats.recorder.in_flight -= 1
-        _stats.recorder.note_sample(time.perf_counter() - t0)
-        if batch.failed:
-            return
-        batch.samples[pos] = sample
-        batch.remaining -= 1
-        if batch.remaining == 0:
-            self._deliver(batch.task.send_idx, batch.samples if self.cfg.auto_collation else sample)
-
-    # ── iterable-style ─────────────────────────────────────────────────────────────────────
-
-    def _ensure_iterating(self) -> None:
-        if self._iter_task is None:
-            self._iter_task = asyncio.get_running_loop().create_task(self._iterate())
-
-    async def _iterate(self) -> None:
-        """Answer IterTasks in order from one pass over the dataset.
-
-        A pump runs ahead of the requests by up to ``max_concurrency`` items; items that are
-        awaitables are started immediately, so their fetches overlap, and taken in order.
-        """
-        ahead: asyncio.Queue[Any] = asyncio.Queue(maxsize=self.cfg.max_concurrency)
-        end = object()
-        skip, self._skip = self._skip, 0
-        it = _skipping(self.cfg.dataset, skip)
-        pump = asyncio.get_running_loop().create_task(self._pump(it, ahead, end))
-        want = self.cfg.batch_size if self.cfg.auto_collation else 1
-        exhausted = False
-        try:
-            while True:
-                req = await self._iter_requests.get()
-                if exhausted:
-                    self._put(Exhausted(req.send_idx, self._generation, self.cfg.worker_id))
-                    continue
-                samples: list[Any] = []
-                try:
-                    while len(samples) < (want or 1):
-                        item = await ahead.get()
-                        if item is end:
-                            exhausted = True
-                            break
-                        if isinstance(item, _Raised):
-                            exhausted = item.fatal
-                            raise item.exc
-                        if isinstance(item, asyncio.Future):
-                            item = await item
-                        samples.append(item)
-                except Exception as exc:
-                    self._fail(req.send_idx, exc)
-                    continue
-                if not samples or (exhausted and self.cfg.drop_last and len(samples) < (want or 1)):
-                    self._put(Exhausted(req.send_idx, self._generation, self.cfg.worker_id))
-                    continue
-                self._deliver(req.send_idx, samples if self.cfg.auto_collation else samples[0])
-        finally:
-            pump.cancel()
-            await asyncio.gather(pump, return_exceptions=True)
-
-    async def _pump(self, it: AsyncIterator[Any], ahead: asyncio.Queue[Any], end: object) -> None:
-        try:
-            async for item in it:
-                if inspect.isawaitable(item):
-                    await self._sem.acquire()
-                    _stats.recorder.in_flight += 1
-                    await ahead.put(asyncio.ensure_future(self._await_one(item)))
-                else:
-                    _stats.recorder.note_sample(0.0)
-                    await ahead.put(item)
-        except Exception as exc:
-            await ahead.put(_Raised(exc, fatal=True))
-            return
-        await ahead.put(end)
-
-    async def _await_one(self, aw: Any) -> Any:
-        t0 = time.perf_counter()
-        try:
-            result = await aw
-        finally:
-            self._sem.release()
-            _stats.recorder.in_flight -= 1
-        _stats.recorder.note_sample(time.perf_counter() - t0)
-        return result
-
-
-async def _skipping(dataset: Any, skip: int) -> AsyncIterator[Any]:
-    """Iterate *dataset* from sample *skip* on: its own ``aiter_from`` if it has one (it may
-    know a cheaper way), else by discarding; awaitables skipped are closed, never fetched."""
-    aiter_from = getattr(dataset, "aiter_from", None)
-    if skip and callable(aiter_from):
-        async for item in aiter_from(skip):
-            yield item
-        return
-    async for item in aiter_for(dataset):
-        if skip:
-            skip -= 1
-            if inspect.iscoroutine(item):
-                item.close()
-            continue
-        yield item
-
-
-@dataclass(frozen=True, slots=True)
-class _Raised:
-    exc: Exception
-    fatal: bool
 
 
 def _reseed(seed: int, worker_id: int) -> None:
