@@ -135,3 +135,33 @@ class Sleepy(asyncload.Dataset[int]):
         if index == self.slow:
             await asyncio.sleep(self.delay)
         return index
+
+
+class Segfault(asyncload.Dataset[int]):
+    """Crashes its worker process with a segmentation fault at index `crash`."""
+
+    def __init__(self, n: int, crash: int) -> None:
+        self.n, self.crash = n, crash
+
+    def __len__(self) -> int:
+        return self.n
+
+    async def __getitem__(self, index: int) -> int:
+        if index == self.crash:
+            import ctypes
+
+            ctypes.string_at(0)
+        return index
+
+
+def init_marks_worker(worker_id: int) -> None:
+    """A worker_init_fn that leaves a mark the dataset can see."""
+    os.environ["ASYNCLOAD_TEST_INIT"] = f"initialised {worker_id}"
+
+
+class InitMark(asyncload.Dataset[str]):
+    def __len__(self) -> int:
+        return 4
+
+    async def __getitem__(self, index: int) -> str:
+        return os.environ.get("ASYNCLOAD_TEST_INIT", "missing")

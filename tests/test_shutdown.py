@@ -16,7 +16,7 @@ import pytest
 
 import asyncload
 
-from ._datasets import Numbers, Sleepy, SyncNumbers, put_numbers
+from ._datasets import Numbers, Segfault, Sleepy, SyncNumbers, put_numbers
 from ._procs import worker_processes
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
@@ -91,6 +91,12 @@ def test_killed_worker_raises_naming_pid_and_signal() -> None:
     assert info.value.pid == victim
     assert info.value.exitcode == -signal.SIGKILL
     assert isinstance(info.value, RuntimeError)
+
+
+def test_segfault_in_a_worker_raises_naming_the_signal() -> None:
+    loader = asyncload.DataLoader(Segfault(40, crash=21), batch_size=4, num_workers=2)
+    with pytest.raises(asyncload.WorkerError, match=r"worker 1 \(pid \d+\).*SIGSEGV"):
+        _drain(loader)
 
 
 def test_break_early_and_exception_in_training_loop_leave_nothing() -> None:
