@@ -1,0 +1,117 @@
+"""file:// URLs and plain paths over tmp_path."""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+import pytest
+
+import asyncload
+from asyncload._exceptions import InvalidURL, NotFound, PermissionDenied, StorageError
+from asyncload.sources import _local
+
+pytestmark = pytest.mark.usefixtures("clean_storage")
+
+DATA = os.urandom(10_000)
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Path:
+    (tmp_path / "d" / "sub").mkdir(parents=True)
+    (tmp_path / "d" / "b.bin").write_bytes(DATA)
+    (tmp_path / "d" / "a.bin").write_bytes(b"a")
+    (tmp_path / "d" / "sub" / "c d.bin").write_bytes(b"c")
+    return tmp_path
+
+
+@pytest.mark.asyncio
+async def test_read_plain_path_and_file_url(tree: Path) -> None:
+    path = str(tree / "d" / "b.bin")
+    assert await asyncload.read(path) == DATA
+    assert await asyncload.read("file://" + path) == DATA
+    assert await asyncload.read("file://localhost" + path) == DATA
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(("start", "end"), [(0, 10), (100, None), (None, 5), (9_990, 20_000)])
+async def test_ranges(tree: Path, start: int | None, end: int | None) -> None:
+    assert await asyncload.read(str(tree / "d" / "b.bin"), start=start, end=end) == DATA[start:end]
+
+
+@pytest.mark.asyncio
+async def test_stream(tree: Path) -> None:
+    chunks = [c async for c in asyncload.stream(str(tree / "d" / "b.bin"), chunk_size=3000)]
+    assert [len(c) for c in chunks] == [3000, 3000, 3000, 1000]
+    assert b"".join(chunks) == DATA
+
+
+@pytest.mark.asyncio
+async def test_stat(tree: Path) -> None:
+    info = await asyncload.stat(str(tree / "d" / "b.bin"))
+    assert info.size == len(DATA)
+    assert info.mtime == pytest.approx((tree / "d" / "b.bin").stat().st_mtime)
+
+
+def test_list_files_plain_and_file_urls(tree: Path) -> None:
+    root = str(tree / "d")
+    assert asyncload.list_files(root) == [
+        f"{root}/a.bin",
+        f"{root}/b.bin",
+        f"{root}/sub/c d.bin",
+    ]
+    urls = asyncload.list_files("file://" + root + "/")
+    assert urls == [f"file://{root}/a.bin", f"file://{root}/b.bin", f"file://{root}/sub/c%20d.bin"]
+    assert asyncload.list_files(str(tree / "nothing-here")) == []
+
+
+@pytest.mark.asyncio
+async def test_file_urls_from_listing_read_back(tree: Path) -> None:
+    urls = await asyncload.list_files_async("file://" + str(tree / "d"))
+    assert await asyncload.read(urls[-1]) == b"c"  # %20 decoded to a space
+
+
+@pytest.mark.asyncio
+async def test_missing_file_is_not_found(tree: Path) -> None:
+    path = str(tree / "missing.bin")
+    with pytest.raises(NotFound) as info:
+        await asyncload.read(path)
+    assert isinstance(info.value, FileNotFoundError)
+    assert info.value.attempts == 1
+    assert path in str(info.value)
+    with pytest.raises(NotFound):
+        await asyncload.stat(path)
+
+
+@pytest.mark.asyncio
+async def test_directory_is_an_error(tree: Path) -> None:
+    with pytest.raises(StorageError, match="directory"):
+        await asyncload.read(str(tree / "d"))
+
+
+@pytest.mark.asyncio
+async def test_remote_file_host_is_invalid() -> None:
+    with pytest.raises(InvalidURL, match="local"):
+        await asyncload.read("file://fileserver/share/x")
+
+
+@pytest.mark.asyncio
+@pytest.mark.skipif(os.geteuid() == 0, reason="root bypasses file permissions")
+async def test_unreadable_file_is_permission_denied(tree: Path) -> None:
+    path = tree / "d" / "b.bin"
+    path.chmod(0)
+    try:
+        with pytest.raises(PermissionDenied):
+            await asyncload.read(str(path))
+    finally:
+        path.chmod(0o644)
+
+
+def test_permission_mapping() -> None:
+    # Runs everywhere, root included: the mapping the test above exercises end to end.
+    failure = _local.map_error(PermissionError(errno.EACCES, "Permission denied"))
+    assert failure.kind is PermissionDenied
+    assert not failure.retryable
+    assert _local.map_error(OSError(errno.EIO, "I/O error")).retryable
+    assert _local.map_error(OSError(errno.ENOENT, "gone")).kind is NotFound
