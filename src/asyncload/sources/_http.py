@@ -77,13 +77,19 @@ class HttpBackend(Backend):
         self._clients: dict[int, _LoopClient] = {}
         self._timeouts: dict[tuple[float, float, float | None], aiohttp.ClientTimeout] = {}
         self._ssl: dict[tuple[bool, str | None], ssl.SSLContext | bool] = {}
+        # id(options) -> (options, headers): built once per options object, not per request.
+        self._headers: dict[int, tuple[StorageOptions, dict[str, str]]] = {}
 
     # -- clients -------------------------------------------------------------------------
-    async def _session(self) -> aiohttp.ClientSession:
+    def _current_session(self) -> aiohttp.ClientSession | None:
         loop = asyncio.get_running_loop()
         client = self._clients.get(id(loop))
         if client is not None and client.loop is loop and not client.session.closed:
             return client.session
+        return None
+
+    async def _new_session(self) -> aiohttp.ClientSession:
+        loop = asyncio.get_running_loop()
         connector = aiohttp.TCPConnector(limit=pool_size(), keepalive_timeout=30.0)
         session = aiohttp.ClientSession(
             connector=connector,
@@ -134,8 +140,11 @@ class HttpBackend(Backend):
     async def _request(
         self, method: str, url: str, options: StorageOptions, extra: dict[str, str] | None
     ) -> aiohttp.ClientResponse:
-        session = await self._session()
-        headers = {**_BASE_HEADERS, **options.headers, **(extra or {})}
+        session = self._current_session() or await self._new_session()
+        cached = self._headers.get(id(options))
+        if cached is None or cached[0] is not options:
+            cached = self._headers[id(options)] = (options, {**_BASE_HEADERS, **options.headers})
+        headers = {**cached[1], **extra} if extra else cached[1]
         timeout = self._timeout(options)
         ssl_arg = self._ssl_for(options)
         origin = _origin(url)
