@@ -1,0 +1,211 @@
+"""``asyncload bench``: which ``max_concurrency`` and ``num_workers`` a store wants.
+
+Each setting reads objects through :class:`asyncload.RemoteFiles` for at most ``samples``
+samples or ``seconds`` seconds, whichever comes first, cycling through the objects when there
+are fewer of them. Samples are decoded to their length in the worker, so what is measured is
+fetching, not shipping bytes to the main process. Throughput counts from the first batch on
+(worker start-up excluded); latency percentiles, bytes, retries and errors come from
+``loader.stats()``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+from ._console import Progress, UsageError, render_table
+from ._exceptions import LoadError
+from ._loader import DataLoader
+from ._stats import LoaderStats
+from .datasets import RemoteFiles
+
+__all__ = ["BenchConfig", "Setting", "check_plotting", "plot", "recommend", "run_bench"]
+
+# A setting within this fraction of the best throughput counts as "as good": the recommendation
+# is then the cheapest such setting (fewest workers, then lowest concurrency).
+TOLERANCE = 0.05
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BenchConfig:
+    """What ``asyncload bench`` was asked to do."""
+
+    concurrency: tuple[int, ...] = (8, 32, 128, 256)
+    """``max_concurrency`` values to try."""
+    workers: tuple[int, ...] = (1, 2)
+    """``num_workers`` values to try."""
+    batch_size: int = 32
+    samples: int = 2000
+    """Samples per setting, at most."""
+    seconds: float = 10.0
+    """Seconds per setting, at most (start-up not included)."""
+    progress: bool | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Setting:
+    """One measured setting."""
+
+    workers: int
+    concurrency: int
+    samples: int = 0
+    """Samples delivered to the loop."""
+    samples_per_s: float = 0.0
+    """From the first batch to the last."""
+    bytes_per_s: float = 0.0
+    startup_s: float = 0.0
+    """From creating the iterator to the first batch."""
+    stats: LoaderStats | None = None
+    error: str | None = None
+
+
+def _run_one(urls: RemoteFiles, workers: int, concurrency: int, cfg: BenchConfig) -> Setting:
+    n = len(urls)
+    # Cycle through the objects: a small store still gives every setting the same load.
+    order = np.arange(cfg.samples, dtype=np.int64) % n
+    loader = DataLoader(
+        urls,
+        batch_size=cfg.batch_size,
+        sampler=order.tolist(),
+        num_workers=workers,
+        max_concurrency=concurrency,
+    )
+    bar = Progress(
+        f"workers={workers} concurrency={concurrency:<4}", cfg.samples, enabled=cfg.progress
+    )
+    delivered = 0
+    first_at = first_samples = 0.0
+    t0 = time.perf_counter()
+    stats: LoaderStats | None = None
+    end = t0
+    it = iter(loader)
+    try:
+        for batch in it:
+            now = time.perf_counter()
+            delivered += len(batch)
+            if first_at == 0.0:
+                first_at, first_samples = now, delivered
+            stats = loader.stats()
+            end = now
+            rate = (delivered - first_samples) / (now - first_at) if now > first_at else 0.0
+            bar.update(
+                delivered,
+                f"{rate:8,.0f} samples/s · p50 {stats.latency_p50 * 1e3:.0f} ms"
+                f" · in flight {sum(stats.in_flight)}",
+            )
+            if now - first_at >= cfg.seconds:
+                break
+    except LoadError as exc:
+        return Setting(workers, concurrency, delivered, error=f"{type(exc).__name__}: {exc}")
+    finally:
+        bar.close()
+        del it
+    if delivered > first_samples and end > first_at:
+        rate = (delivered - first_samples) / (end - first_at)
+    else:  # a single batch: nothing to measure but it, start-up included
+        rate = delivered / (end - t0) if end > t0 else 0.0
+    per_sample = stats.bytes / stats.samples if stats is not None and stats.samples else 0.0
+    return Setting(
+        workers=workers,
+        concurrency=concurrency,
+        samples=delivered,
+        samples_per_s=rate,
+        bytes_per_s=rate * per_sample,
+        startup_s=first_at - t0,
+        stats=stats,
+    )
+
+
+def run_bench(urls: list[str], cfg: BenchConfig) -> list[Setting]:
+    """Measure every ``(workers, concurrency)`` pair in *cfg*, fewest workers first."""
+    # decode=len: the worker reduces each object to its size (a picklable builtin).
+    dataset = RemoteFiles(urls, decode=len)
+    return [
+        _run_one(dataset, w, c, cfg)
+        for w in sorted(set(cfg.workers))
+        for c in sorted(set(cfg.concurrency))
+    ]
+
+
+def recommend(results: Sequence[Setting]) -> Setting | None:
+    """The cheapest setting within :data:`TOLERANCE` of the best throughput."""
+    ok = [r for r in results if r.error is None and r.samples_per_s > 0]
+    if not ok:
+        return None
+    best = max(r.samples_per_s for r in ok)
+    good = [r for r in ok if r.samples_per_s >= (1 - TOLERANCE) * best]
+    return min(good, key=lambda r: (r.workers, r.concurrency))
+
+
+def bench_table(results: Sequence[Setting]) -> str:
+    rows = []
+    for r in results:
+        s = r.stats
+        if r.error is not None or s is None:
+            rows.append(
+                [str(r.workers), str(r.concurrency), "failed", "", "", "", "", "", r.error or ""]
+            )
+            continue
+        extra = ", ".join(f"{k} ×{v}" for k, v in sorted({**s.retries, **s.errors}.items()))
+        rows.append(
+            [
+                str(r.workers),
+                str(r.concurrency),
+                f"{r.samples_per_s:,.0f}",
+                f"{r.bytes_per_s / 1e6:,.2f}",
+                f"{s.latency_p50 * 1e3:.1f}",
+                f"{s.latency_p95 * 1e3:.1f}",
+                f"{s.latency_p99 * 1e3:.1f}",
+                f"{r.startup_s:.2f}",
+                extra,
+            ]
+        )
+    header = ["workers", "concurrency", "samples/s", "MB/s", "p50 ms", "p95 ms", "p99 ms"]
+    header += ["start s", "retries/errors"]
+    return render_table(header, rows)
+
+
+def check_plotting() -> None:
+    """Raise :class:`UsageError` now, not after the sweep, when matplotlib is missing."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise UsageError("--plot needs matplotlib: pip install 'asyncload[plot]'") from None
+
+
+def plot(results: Sequence[Setting], path: str) -> None:
+    """Throughput against concurrency, one line per worker count, saved to *path*."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display needed
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    for workers in sorted({r.workers for r in results}):
+        pts = [r for r in results if r.workers == workers and r.error is None]
+        ax.plot(
+            [r.concurrency for r in pts],
+            [r.samples_per_s for r in pts],
+            marker="o",
+            label=f"num_workers={workers}",
+        )
+    concurrencies = sorted({r.concurrency for r in results})
+    if len(concurrencies) > 1 and concurrencies[0] > 0:
+        ax.set_xscale("log", base=2)
+    ax.set_xticks(concurrencies, [str(c) for c in concurrencies])
+    ax.set_xlabel("max_concurrency (samples in flight per worker)")
+    ax.set_ylabel("samples/s")
+    ax.set_ylim(bottom=0)
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    ax.set_title("asyncload bench")
+    fig.tight_layout()
+    try:
+        fig.savefig(path, dpi=120)
+    except OSError as exc:
+        raise UsageError(f"can't write {path}: {exc.strerror or exc}") from None
+    finally:
+        plt.close(fig)

@@ -1,0 +1,258 @@
+"""The ``asyncload`` command: ``asyncload demo`` and ``asyncload bench``.
+
+``asyncload demo`` shows in under a minute, with nothing to set up, what an event loop per worker
+buys over torch's one-request-at-a-time workers. ``asyncload bench URL`` measures a real store
+and recommends ``max_concurrency`` and ``num_workers`` for it. See ``docs/cli.md``.
+
+Bad input (a malformed URL, nothing under a prefix, an invalid option) prints one line and exits
+with status 2; a failure while loading prints one line and exits with 1. Neither prints a
+traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from typing import NoReturn
+
+from . import __version__
+from ._console import UsageError, find_objects
+from ._exceptions import LoadError
+from ._redact import redact_url
+
+__all__ = ["main"]
+
+EXIT_USAGE = 2
+EXIT_FAILURE = 1
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a bad option is one line (and exit status 2), not usage plus error."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer ≥ 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer ≥ 0, got {text!r}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a finite number of seconds ≥ 0, got {text!r}")
+    return value
+
+
+def _int_list(parse: Callable[[str], int]) -> Callable[[str], tuple[int, ...]]:
+    def parse_list(text: str) -> tuple[int, ...]:
+        items = [t.strip() for t in text.split(",") if t.strip()]
+        if not items:
+            raise argparse.ArgumentTypeError(f"expected a comma-separated list, got {text!r}")
+        return tuple(parse(t) for t in items)
+
+    return parse_list
+
+
+def _add_progress(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--progress",
+        choices=("auto", "always", "never"),
+        default="auto",
+        help="progress bar on stderr: auto draws it when stderr is a terminal (default: auto)",
+    )
+
+
+def _progress(choice: str) -> bool | None:
+    return {"auto": None, "always": True, "never": False}[choice]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="asyncload",
+        description="PyTorch's DataLoader with an event loop in every worker.",
+    )
+    parser.add_argument("--version", action="version", version=f"asyncload {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    demo = sub.add_parser(
+        "demo",
+        help="train a small model from a loopback store with asyncload, then with torch's loader",
+        description=(
+            "Start a loopback object store with a synthetic labelled image dataset (or use "
+            "--url), train a small CNN for --steps steps streaming from it with "
+            "asyncload.DataLoader, then the same steps with torch.utils.data.DataLoader at the "
+            "same worker count, and compare throughput and time spent waiting for data."
+        ),
+    )
+    demo.add_argument(
+        "--url",
+        help=(
+            "a prefix of CIFAR-10 binary records (3,073 bytes each: a label byte, then 3×32×32 "
+            "uint8 pixels), one per object: s3://, gs://, az://, file:// or a directory; for "
+            "http(s):// a prefix holding manifest.txt, or the manifest's URL"
+        ),
+    )
+    demo.add_argument(
+        "--steps", type=_positive_int, default=20, help="training steps (default: 20)"
+    )
+    demo.add_argument("--batch-size", type=_positive_int, default=32, help="default: 32")
+    demo.add_argument(
+        "--workers", type=_count, default=2, help="num_workers of both loaders (default: 2)"
+    )
+    demo.add_argument(
+        "--max-concurrency", type=_positive_int, default=64,
+        help="asyncload's samples in flight per worker (default: 64)",
+    )  # fmt: skip
+    demo.add_argument(
+        "--latency", type=_seconds, default=None,
+        help="embedded store: seconds before each response (default: 0.05)",
+    )  # fmt: skip
+    demo.add_argument(
+        "--objects", type=_positive_int, default=None,
+        help="embedded store: number of records (default: 1024)",
+    )  # fmt: skip
+    demo.add_argument("--seed", type=_count, default=0, help="data, order and weights (default: 0)")
+    _add_progress(demo)
+
+    bench = sub.add_parser(
+        "bench",
+        help="sweep max_concurrency and num_workers against a store and recommend a setting",
+        description=(
+            "Read the objects under URL with asyncload.DataLoader for each max_concurrency and "
+            "num_workers, print samples/s, MB/s and fetch latency percentiles per setting, and "
+            "recommend the cheapest setting within 5%% of the best throughput."
+        ),
+    )
+    bench.add_argument(
+        "url", metavar="URL_OR_PREFIX",
+        help="s3://, gs://, az://, file:// or a directory; http(s):// needs a manifest.txt",
+    )  # fmt: skip
+    bench.add_argument(
+        "--concurrency", type=_int_list(_positive_int), default=(8, 32, 128, 256),
+        help="max_concurrency values (default: 8,32,128,256)",
+    )  # fmt: skip
+    bench.add_argument(
+        "--workers", type=_int_list(_count), default=(1, 2),
+        help="num_workers values (default: 1,2)",
+    )  # fmt: skip
+    bench.add_argument("--batch-size", type=_positive_int, default=32, help="default: 32")
+    bench.add_argument(
+        "--samples", type=_positive_int, default=2000,
+        help="samples per setting at most (default: 2000)",
+    )  # fmt: skip
+    bench.add_argument(
+        "--seconds", type=_seconds, default=10.0,
+        help="seconds per setting at most, after start-up (default: 10)",
+    )  # fmt: skip
+    bench.add_argument("--plot", metavar="OUT.png", help="draw samples/s against concurrency")
+    _add_progress(bench)
+    return parser
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from ._demo import DemoConfig, run_demo
+
+    if args.url is not None and (args.latency is not None or args.objects is not None):
+        raise UsageError("--latency and --objects set up the embedded store; drop them with --url")
+    cfg = DemoConfig(
+        url=args.url,
+        steps=args.steps,
+        batch_size=args.batch_size,
+        workers=args.workers,
+        max_concurrency=args.max_concurrency,
+        latency=0.05 if args.latency is None else args.latency,
+        objects=1024 if args.objects is None else args.objects,
+        seed=args.seed,
+        progress=_progress(args.progress),
+    )
+    fast, slow, table = run_demo(cfg)
+    print(table)
+    honest = fast.exact and slow.exact and fast.checksums == slow.checksums
+    if not honest:
+        print("asyncload demo: the loaders did not deliver the same samples", file=sys.stderr)
+        return EXIT_FAILURE
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from ._bench import BenchConfig, bench_table, check_plotting, plot, recommend, run_bench
+
+    if args.plot:
+        check_plotting()
+    urls = find_objects(args.url)
+    cfg = BenchConfig(
+        concurrency=args.concurrency,
+        workers=args.workers,
+        batch_size=args.batch_size,
+        samples=args.samples,
+        seconds=args.seconds,
+        progress=_progress(args.progress),
+    )
+    print(
+        f"asyncload bench: {len(urls)} objects under {redact_url(args.url)}; up to "
+        f"{cfg.samples} samples or {cfg.seconds:g} s per setting",
+        file=sys.stderr,
+    )
+    results = run_bench(urls, cfg)
+    print(bench_table(results))
+    best = recommend(results)
+    if best is None:
+        print("recommended: none (every setting failed)")
+        return EXIT_FAILURE
+    print(
+        f"recommended: num_workers={best.workers}, max_concurrency={best.concurrency} "
+        f"({best.samples_per_s:,.0f} samples/s; the cheapest setting within 5% of the best)"
+    )
+    if args.plot:
+        plot(results, args.plot)
+        print(f"plot: {args.plot}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``asyncload`` command; returns the exit status (the console script exits with it).
+
+    Args:
+        argv: Arguments without the program name; ``sys.argv[1:]`` when ``None``.
+    """
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    try:
+        return _demo(args) if args.command == "demo" else _bench(args)
+    except UsageError as exc:
+        print(f"asyncload {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except LoadError as exc:
+        print(f"asyncload {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    except KeyboardInterrupt:
+        print(f"asyncload {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,245 @@
+"""The ``asyncload`` command: the demo end to end, bench against the loopback server, bad input."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from asyncload import _demo_server, cli
+
+from ._http_server import ObjectServer
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _row(table: str, label: str) -> list[str]:
+    """The cells after *label* in the demo's table (columns are separated by 2+ spaces)."""
+    for line in table.splitlines():
+        if line.startswith(label):
+            return re.split(r"\s{2,}", line[len(label) :].strip())
+    raise AssertionError(f"no row {label!r} in:\n{table}")
+
+
+def _num(cell: str) -> float:
+    return float(cell.replace(",", "").rstrip("×"))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_demo_end_to_end_table_is_consistent() -> None:
+    # The real entry point, in a fresh interpreter: `python -m asyncload demo`.
+    steps, batch = 3, 8
+    args = [f"--steps={steps}", f"--batch-size={batch}", "--workers=1", "--latency=0.005"]
+    args += ["--objects=20", "--progress=always"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "asyncload", "demo", *args],
+        capture_output=True,
+        text=True,
+        timeout=110,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    header = out.splitlines()[0].split()
+    assert header == ["asyncload", "torch", "asyncload", "÷", "torch"]
+
+    asked = steps * batch
+    assert _row(out, "samples delivered") == [f"{asked}/{asked}", f"{asked}/{asked}"]
+    assert _row(out, "exactly the requested samples") == ["yes", "yes"]
+    assert "same bytes in both runs: yes" in out
+
+    rate_a, rate_t, rate_ratio = map(_num, _row(out, "samples/s"))
+    wall_a, wall_t, wall_ratio = map(_num, _row(out, "wall time (s)"))
+    wait_a, wait_t, _ = map(_num, _row(out, "waiting for data (s)"))
+    # samples/s is samples ÷ wall time, and the ratio column divides the two columns.
+    assert rate_a == pytest.approx(asked / wall_a, rel=0.05, abs=0.2)
+    assert rate_t == pytest.approx(asked / wall_t, rel=0.05, abs=0.2)
+    # Cells are rounded to 2 decimals: allow for that in the ratios computed from them.
+    rounding = 0.005 / wall_a + 0.005 / wall_t
+    assert rate_ratio == pytest.approx(rate_a / rate_t, rel=0.02 + rounding, abs=0.01)
+    assert wall_ratio == pytest.approx(wall_a / wall_t, rel=0.02 + rounding, abs=0.01)
+    assert 0 <= wait_a <= wall_a + 0.01
+    assert 0 <= wait_t <= wall_t + 0.01
+    # Same initial weights, same sample order, same bytes: the same training run.
+    loss_a, loss_t = map(float, _row(out, "final loss"))
+    assert loss_a == pytest.approx(loss_t, abs=1e-3)
+    # The progress bars were drawn on stderr (forced; text mode turned "\r" into "\n"), with
+    # asyncload's stats in its line.
+    bars = [line for line in proc.stderr.splitlines() if line.startswith("asyncload █")]
+    assert bars, proc.stderr
+    assert bars[-1].split()[2] == f"{asked}/{asked}"
+    assert "in flight" in bars[-1]
+    assert "Traceback" not in proc.stderr
+
+
+def _store(server: ObjectServer, count: int, *, size: int = 1000) -> str:
+    names = [f"obj-{i:03d}.bin" for i in range(count)]
+    for i, name in enumerate(names):
+        server.put(f"data/{name}", bytes([i % 256]) * size)
+    server.put("data/manifest.txt", ("# objects\n" + "\n".join(names) + "\n").encode())
+    return server.url_for("data/")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+def test_bench_sweeps_and_recommends(
+    http_server: ObjectServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("matplotlib")
+    url = _store(http_server, 16)
+    http_server.latency = 0.005
+    out_png = tmp_path / "sweep.png"
+    code = cli.main(
+        [
+            "bench",
+            url,
+            "--concurrency=2,8",
+            "--workers=1",
+            "--samples=64",
+            "--batch-size=8",
+            "--seconds=20",
+            f"--plot={out_png}",
+            "--progress=never",
+        ]
+    )
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    rows = [line.split() for line in out.splitlines() if re.match(r"^\d+\s+\d+\s", line)]
+    assert [(r[0], r[1]) for r in rows] == [("1", "2"), ("1", "8")]
+    for r in rows:
+        rate, mbps, p50, p95, p99 = (float(c.replace(",", "")) for c in r[2:7])
+        assert rate > 0
+        # Every object is 1,000 bytes, so MB/s is samples/s × 0.001.
+        assert mbps == pytest.approx(rate * 1e-3, rel=0.05, abs=0.01)
+        # The server waits 5 ms per request; percentiles are ordered.
+        assert 5.0 <= p50 <= p95 <= p99
+    assert re.search(r"^recommended: num_workers=1, max_concurrency=(2|8) ", out, re.M)
+    assert out_png.read_bytes().startswith(b"\x89PNG")
+    # Each setting read its 64 samples from the 16 objects: 4 passes, 2 settings.
+    hits = [http_server.hits[f"data/obj-{i:03d}.bin"] for i in range(16)]
+    assert hits == [8] * 16
+
+
+def test_bench_manifest_with_absolute_urls(
+    http_server: ObjectServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    urls = [http_server.put(f"x/{i}", b"abc") for i in range(3)]
+    manifest = http_server.put("lists/three.txt", "\n".join(urls).encode())
+    code = cli.main(["bench", manifest, "--concurrency=4", "--workers=0", "--samples=6"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert re.search(r"^0\s+4\s", out, re.M)
+    assert "recommended: num_workers=0, max_concurrency=4" in out
+    assert [http_server.hits[f"x/{i}"] for i in range(3)] == [2, 2, 2]
+
+
+def test_demo_with_url_of_local_records(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # --url with a directory of CIFAR-10 binary records, no worker processes: fast, and the
+    # same code path as the embedded store after listing.
+    for i in range(10):
+        (tmp_path / f"{i:05d}.bin").write_bytes(_demo_server.make_record(i, seed=1))
+    code = cli.main(["demo", "--url", str(tmp_path), "--steps=2", "--batch-size=4", "--workers=0"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert _row(out, "samples delivered") == ["8/8", "8/8"]
+    assert _row(out, "exactly the requested samples") == ["yes", "yes"]
+
+
+# ── bad input: one line, exit status 2, no traceback ──────────────────────────────────────
+
+
+def _fails(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    try:
+        code = cli.main(argv)
+    except SystemExit as exc:  # argparse's own errors
+        code = exc.code  # type: ignore[assignment]
+    out, err = capsys.readouterr()
+    assert code == 2, (out, err)
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+def test_bad_scheme(capsys: pytest.CaptureFixture[str]) -> None:
+    msg = _fails(["bench", "ftp://example.com/data/"], capsys)
+    assert "bad URL" in msg
+    assert "ftp://example.com/data/" in msg
+
+
+def test_http_prefix_without_manifest(
+    http_server: ObjectServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    http_server.put("nomanifest/a.bin", b"x")
+    msg = _fails(["bench", http_server.url_for("nomanifest/")], capsys)
+    assert "manifest.txt" in msg
+    assert "not found" in msg
+
+
+def test_empty_manifest(http_server: ObjectServer, capsys: pytest.CaptureFixture[str]) -> None:
+    http_server.put("empty/manifest.txt", b"# nothing here\n\n")
+    msg = _fails(["demo", "--url", http_server.url_for("empty/")], capsys)
+    assert "nothing under" in msg
+
+
+def test_empty_and_missing_directories(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert "nothing under" in _fails(["bench", str(tmp_path)], capsys)
+    missing = tmp_path / "nope"
+    assert "no such file or directory" in _fails(["bench", f"file://{missing}"], capsys)
+
+
+def test_wrong_record_format(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "a.bin").write_bytes(b"not an image")
+    msg = _fails(["demo", "--url", str(tmp_path), "--workers=0"], capsys)
+    assert "3073 bytes" in msg
+
+
+def test_credentials_are_redacted(capsys: pytest.CaptureFixture[str]) -> None:
+    msg = _fails(["bench", "ftp://user:hunter2@example.com/x/"], capsys)
+    assert "hunter2" not in msg
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["demo", "--steps=0"], "--steps"),
+        (["demo", "--workers=-1"], "--workers"),
+        (["demo", "--latency=abc"], "--latency"),
+        (["demo", "--url=s3://b/p/", "--latency=0.1"], "embedded store"),
+        (["bench", "s3://b/p/", "--concurrency=8,x"], "--concurrency"),
+        (["bench", "s3://b/p/", "--concurrency=,"], "--concurrency"),
+        (["bench"], "URL_OR_PREFIX"),
+        (["frobnicate"], "invalid choice"),
+    ],
+)
+def test_bad_options(argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert needle in _fails(argv, capsys)
+
+
+def test_no_command_prints_help(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main([]) == 2
+    assert "demo" in capsys.readouterr().err
+
+
+def test_plot_without_matplotlib(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import fails as if not installed
+    msg = _fails(["bench", str(tmp_path), "--plot=out.png"], capsys)
+    assert "asyncload[plot]" in msg
+
+
+def test_console_script_is_installed() -> None:
+    script = Path(sys.executable).with_name("asyncload")
+    if not script.exists():
+        pytest.skip("the asyncload console script is not installed next to this interpreter")
+    proc = subprocess.run(
+        [str(script), "--version"], capture_output=True, text=True, timeout=30, env=os.environ
+    )
+    assert proc.returncode == 0
+    assert proc.stdout.startswith("asyncload ")
