@@ -50,3 +50,14 @@ def test_interactive_session_falls_back_to_fork_and_says_so_once() -> None:
     )
     assert out.stdout.splitlines() == ["[[0, 1, 2], [3, 4, 5]]"] * 2
     assert out.stderr.count("instead of 'forkserver'") == 1, out.stderr
+
+
+def test_workers_see_the_environment_of_the_main_process_now(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Start the forkserver first, then change the environment: workers must see the change
+    # (credentials exported after the first loader ran, say), as they would with fork or spawn.
+    list(asyncload.DataLoader(InitMark(), batch_size=4, num_workers=1))
+    monkeypatch.setenv("ASYNCLOAD_TEST_INIT", "set later")
+    loader = asyncload.DataLoader(InitMark(), batch_size=4, num_workers=1)
+    assert list(loader) == [["set later"] * 4]

@@ -57,6 +57,8 @@ class WorkerConfig:
     world_size: int
     storage_config: object
     main_pid: int
+    environ: dict[str, str] | None = None
+    """The main process's environment when the pass started (see worker_main)."""
     skip: int = 0
     """Samples of an iterable dataset to skip on the first pass (resuming a checkpoint)."""
 

@@ -155,6 +155,7 @@ class LoaderIter:
                 world_size=world,
                 storage_config=_storage.export_config(),
                 main_pid=os.getpid(),
+                environ=dict(os.environ) if self._process_mode else None,
                 skip=skips[i],
             )
             for i in range(self._num_workers)

@@ -131,6 +131,11 @@ def worker_main(cfg: WorkerConfig, index_queue: Any, result_queue: Any, done_eve
     _reseed(cfg.base_seed + cfg.worker_id, cfg.worker_id)
     _install_worker_info(cfg)
     _stats.recorder.reset()
+    if cfg.environ is not None:
+        # A forkserver child inherits the server's environment, frozen when it started; give
+        # it the main process's, as fork and spawn would (AWS_* set after the first loader).
+        os.environ.clear()
+        os.environ.update(cfg.environ)
 
     def put(msg: object) -> None:
         if not done_event.is_set():
