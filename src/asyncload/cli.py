@@ -114,25 +114,29 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     demo.add_argument(
-        "--steps", type=_positive_int, default=20, help="training steps (default: 20)"
+        "--steps", metavar="N", type=_positive_int, default=20, help="training steps (default: 20)"
     )
-    demo.add_argument("--batch-size", type=_positive_int, default=32, help="default: 32")
+    demo.add_argument(
+        "--batch-size", metavar="N", type=_positive_int, default=32, help="default: 32"
+    )
     demo.add_argument(
         "--workers", type=_count, default=2, help="num_workers of both loaders (default: 2)"
     )
     demo.add_argument(
-        "--max-concurrency", type=_positive_int, default=64,
+        "--max-concurrency", metavar="N", type=_positive_int, default=64,
         help="asyncload's samples in flight per worker (default: 64)",
     )  # fmt: skip
     demo.add_argument(
-        "--latency", type=_seconds, default=None,
+        "--latency", metavar="SECONDS", type=_seconds, default=None,
         help="embedded store: seconds before each response (default: 0.05)",
     )  # fmt: skip
     demo.add_argument(
-        "--objects", type=_positive_int, default=None,
+        "--objects", metavar="N", type=_positive_int, default=None,
         help="embedded store: number of records (default: 1024)",
     )  # fmt: skip
-    demo.add_argument("--seed", type=_count, default=0, help="data, order and weights (default: 0)")
+    demo.add_argument(
+        "--seed", metavar="N", type=_count, default=0, help="data, order and weights (default: 0)"
+    )
     _add_progress(demo)
 
     bench = sub.add_parser(
@@ -141,7 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
         description=(
             "Read the objects under URL with asyncload.DataLoader for each max_concurrency and "
             "num_workers, print samples/s, MB/s and fetch latency percentiles per setting, and "
-            "recommend the cheapest setting within 5%% of the best throughput."
+            "recommend the cheapest setting within 5% of the best throughput."
         ),
     )
     bench.add_argument(
@@ -149,20 +153,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="s3://, gs://, az://, file:// or a directory; http(s):// needs a manifest.txt",
     )  # fmt: skip
     bench.add_argument(
-        "--concurrency", type=_int_list(_positive_int), default=(8, 32, 128, 256),
-        help="max_concurrency values (default: 8,32,128,256)",
+        "--concurrency", metavar="N,N,...", type=_int_list(_positive_int),
+        default=(8, 32, 128, 256), help="max_concurrency values (default: 8,32,128,256)",
     )  # fmt: skip
     bench.add_argument(
-        "--workers", type=_int_list(_count), default=(1, 2),
+        "--workers", metavar="N,N,...", type=_int_list(_count), default=(1, 2),
         help="num_workers values (default: 1,2)",
     )  # fmt: skip
-    bench.add_argument("--batch-size", type=_positive_int, default=32, help="default: 32")
     bench.add_argument(
-        "--samples", type=_positive_int, default=2000,
+        "--batch-size", metavar="N", type=_positive_int, default=32, help="default: 32"
+    )
+    bench.add_argument(
+        "--samples", metavar="N", type=_positive_int, default=2000,
         help="samples per setting at most (default: 2000)",
     )  # fmt: skip
     bench.add_argument(
-        "--seconds", type=_seconds, default=10.0,
+        "--seconds", metavar="SECONDS", type=_seconds, default=10.0,
         help="seconds per setting at most, after start-up (default: 10)",
     )  # fmt: skip
     bench.add_argument("--plot", metavar="OUT.png", help="draw samples/s against concurrency")
