@@ -3,5 +3,7 @@
 from __future__ import annotations
 
 from ._remote_files import RemoteFiles
+from ._shardwriter import write_shards
+from ._tar import TarShards
 
-__all__ = ["RemoteFiles"]
+__all__ = ["RemoteFiles", "TarShards", "write_shards"]

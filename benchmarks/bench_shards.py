@@ -1,0 +1,200 @@
+"""TarShards against the ``webdataset`` package on the same tar shards over loopback HTTP.
+
+One run, one table. The shards are written once with ``asyncload.datasets.write_shards`` and
+served by an aiohttp server in a *separate process* (``--serve``) that holds every response for
+50 ms before the first byte, like an object store. Both loaders use torch-style batching with the
+same ``num_workers`` and ``batch_size`` and the default collate; webdataset fetches ``http://``
+shards through ``curl`` as it does by default (or urllib when curl is missing).
+
+Two shapes of shard: many small ones (the per-shard round trip dominates; webdataset reads one
+shard at a time per worker, TarShards streams several) and a few large ones (parsing and
+collating dominate). Samples/s are measured from the first batch to the last, so worker start-up
+is left out of both; the whole run takes about a minute.
+
+    python benchmarks/bench_shards.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+LATENCY = 0.050
+WORKERS = 2
+BATCH = 32
+# (label, shards, samples per shard, payload bytes per sample)
+SHAPES = [
+    ("64 shards × 100 × 10 KB", 64, 100, 10_000),
+    ("16 shards × 1,000 × 10 KB", 16, 1000, 10_000),
+]
+
+
+# ── the server process ────────────────────────────────────────────────────────────────────────
+
+
+def serve(root: Path, latency: float) -> None:
+    """Serve every file under *root* from memory, each response held *latency* seconds."""
+    from aiohttp import web
+
+    files = {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*.tar")}
+
+    async def handle(request: web.Request) -> web.Response:
+        body = files.get(request.match_info["path"])
+        await asyncio.sleep(latency)
+        if body is None:
+            return web.Response(status=404)
+        rng = request.headers.get("Range", "")
+        if rng.startswith("bytes="):
+            first, _, last = rng[6:].partition("-")
+            start, end = int(first or 0), int(last) + 1 if last else len(body)
+            return web.Response(
+                status=206,
+                body=body[start:end],
+                headers={"Content-Range": f"bytes {start}-{end - 1}/{len(body)}"},
+            )
+        return web.Response(body=body, headers={"Accept-Ranges": "bytes"})
+
+    async def main() -> None:
+        app = web.Application()
+        app.router.add_get("/{path:.*}", handle)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0, backlog=1024)
+        await site.start()
+        assert site._server is not None
+        print("PORT", site._server.sockets[0].getsockname()[1], flush=True)  # type: ignore[union-attr]
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        # EOF on stdin: the benchmark ended (or died); never outlive it.
+        threading.Thread(
+            target=lambda: (sys.stdin.read(), loop.call_soon_threadsafe(stop.set)), daemon=True
+        ).start()
+        await stop.wait()
+        await runner.cleanup()
+
+    asyncio.run(main())
+
+
+class Server:
+    def __init__(self, root: Path) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, "--serve", str(root), "--latency", str(LATENCY)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line.startswith("PORT"):
+            raise RuntimeError(f"shard server did not start: {line!r}")
+        self.url = f"http://127.0.0.1:{int(line.split()[1])}"
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+# ── the loaders ───────────────────────────────────────────────────────────────────────────────
+
+
+def timed(loader: Any, expected: int) -> float:
+    """Samples/s from the first batch to the last; checks every sample arrived."""
+    it = iter(loader)
+    first = next(it)
+    seen = len(first["__key__"])
+    t0 = time.perf_counter()
+    n = 0
+    for batch in it:
+        n += len(batch["__key__"])
+    elapsed = time.perf_counter() - t0
+    seen += n
+    if seen != expected:
+        raise RuntimeError(f"expected {expected} samples, got {seen}")
+    return n / elapsed
+
+
+def run_asyncload(urls: list[str], expected: int) -> float:
+    import asyncload
+    from asyncload.datasets import TarShards
+
+    ds = TarShards(urls, shuffle_shards=False)
+    return timed(asyncload.DataLoader(ds, batch_size=BATCH, num_workers=WORKERS), expected)
+
+
+def _urllib_opener(url: str, mode: str = "rb", bufsize: int = 8192, **kw: Any) -> Any:
+    import urllib.request
+
+    return urllib.request.urlopen(url, timeout=60)
+
+
+def run_webdataset(urls: list[str], expected: int) -> float:
+    import torch.utils.data
+    import webdataset as wds
+
+    if shutil.which("curl") is None:  # webdataset's http:// goes through curl by default
+        wds.gopen.gopen_schemes["http"] = _urllib_opener
+    ds = wds.WebDataset(urls, shardshuffle=False, empty_check=False)
+    loader = torch.utils.data.DataLoader(ds, batch_size=BATCH, num_workers=WORKERS)
+    return timed(loader, expected)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--serve", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--latency", type=float, default=LATENCY, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve:
+        serve(args.serve, args.latency)
+        return
+
+    from asyncload.datasets import write_shards
+
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench-shards-") as tmp:
+        root = Path(tmp)
+        for s, (_, n_shards, per_shard, size) in enumerate(SHAPES):
+            payload = os.urandom(size)
+            write_shards(
+                (
+                    {"__key__": f"{i:07d}", "bin": payload, "cls": i % 10}
+                    for i in range(n_shards * per_shard)
+                ),
+                root / f"shape{s}",
+                samples_per_shard=per_shard,
+            )
+        server = Server(root)
+        try:
+            for s, (label, n_shards, per_shard, _) in enumerate(SHAPES):
+                urls = [f"{server.url}/shape{s}/shard-{i:06d}.tar" for i in range(n_shards)]
+                total = n_shards * per_shard
+                ours = run_asyncload(urls, total)
+                theirs = run_webdataset(urls, total)
+                rows.append((label, ours, theirs))
+        finally:
+            server.close()
+
+    print(
+        f"\nTar shards over loopback HTTP, {LATENCY * 1000:.0f} ms to first byte, "
+        f"{WORKERS} workers, batch {BATCH}, curl={'yes' if shutil.which('curl') else 'no'}\n"
+    )
+    print(f"{'shards':<28}{'TarShards/s':>14}{'webdataset/s':>15}{'ratio':>8}")
+    for label, ours, theirs in rows:
+        print(f"{label:<28}{ours:>14,.0f}{theirs:>15,.0f}{ours / theirs:>7.1f}×")
+    print("\ntarget: TarShards ≥ 2× webdataset samples/s")
+
+
+if __name__ == "__main__":
+    main()

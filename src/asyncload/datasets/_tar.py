@@ -1,0 +1,471 @@
+"""``TarShards``: WebDataset-style tar shards streamed by every worker's event loop.
+
+One reader (a worker of a rank) runs this pipeline; every stage is a pure function of
+``(urls, seed, epoch, rank, world_size, worker id, num_workers)``, never of network timing, so
+an epoch can be replayed exactly and resumed by skipping::
+
+    assign shards ──► stream + parse N shards at once ──► round-robin interleave ──►
+        [cap at samples_per_rank] ──► [seeded shuffle buffer] ──► [skip] ──► decode ──► yield
+
+Shards are fetched with :func:`asyncload.stream`; each open shard's parser fills a small
+byte-bounded buffer of samples while the interleaver takes one sample from each open shard in
+turn, waiting for a slow one rather than taking whichever arrives first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import io
+import os
+import pickle
+import warnings
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Mapping
+from contextlib import aclosing
+from typing import Any, Literal, cast
+
+import numpy as np
+import numpy.typing as npt
+
+from .. import _storage
+from .._context import AsyncloadWarning
+from .._dataset import IterableDataset
+from .._exceptions import ArchiveError
+from .._redact import redact_url
+from .._sharding import get_worker_info, rank_and_world_size
+from ..sources import StorageOptions
+from ._tarstream import Channel, Failed, expand_urls, iter_members, split_name, unsafe_reason
+
+__all__ = ["PICKLE_EXTENSIONS", "TarShards"]
+
+Sample = dict[str, Any]
+Handler = Literal["raise", "warn", "skip"] | Callable[[Exception], bool]
+Decoders = Mapping[str, Callable[[bytes], Any]] | Callable[[Sample], Sample] | None
+
+PICKLE_EXTENSIONS = frozenset({"pyd", "pickle", "pkl", "pth", "pt"})
+"""Extensions whose members are pickles (``torch.save`` files included): bytes unless
+``allow_pickle=True``."""
+
+
+def _unpickle(data: bytes) -> Any:
+    return pickle.loads(data)  # reached only with allow_pickle=True
+
+
+def _torch_load(data: bytes) -> Any:
+    import torch
+
+    return torch.load(io.BytesIO(data), weights_only=False)  # only with allow_pickle=True
+
+
+class _Open:
+    """A shard being streamed: its producer task and its channel."""
+
+    __slots__ = ("channel", "task")
+
+    def __init__(self, task: asyncio.Task[None], channel: Channel) -> None:
+        self.task, self.channel = task, channel
+
+
+class TarShards(IterableDataset[Sample]):
+    """An iterable dataset over WebDataset-style tar shards at any URL asyncload can read.
+
+    Each sample is a ``dict``: the consecutive members sharing a key (``dir/img001.jpg``,
+    ``dir/img001.cls`` → key ``dir/img001``) become ``{"__key__": "dir/img001", "__url__": url,
+    "jpg": b"...", "cls": b"3"}`` (``__url__`` with credentials redacted). Values are ``bytes``
+    unless a decoder applies. Shards are never extracted: a streaming parser reads them in
+    memory.
+
+    **Assignment.** Every epoch the shard list is permuted with
+    ``np.random.default_rng((seed, epoch))`` (when ``shuffle_shards``); reader
+    ``g = rank * num_workers + worker_id`` of ``G = world_size * num_workers`` takes shards
+    ``g, g + G, g + 2G, ...``.
+
+    **Uneven shards.** With one rank every shard is read once per epoch. With ``world_size > 1``
+    every reader gets the same number of shards, ``len(urls) // G``: the leftover shards (other
+    ones every epoch when shuffled) sit this epoch out, so equal-sized shards give every rank the
+    same number of batches, as DDP needs. ``samples_per_rank=N`` makes it exact whatever the
+    shard sizes: each rank yields exactly ``N`` samples (split evenly over its workers), every
+    shard is used, a reader that runs out starts its shards again and one with samples to spare
+    stops early.
+
+    **Order.** Each reader streams ``shards_in_flight`` shards at once (and opens as many ahead),
+    takes one sample from each in turn, then mixes them in a shuffle buffer of
+    ``shuffle_buffer`` samples seeded from ``(seed, epoch, rank, world_size, worker,
+    num_workers)``. The same arguments give the same order whatever the network timing.
+
+    **Safety.** Absolute paths, ``..``, links, devices and fifos raise :class:`ArchiveError`, as
+    do corrupt headers (naming the shard and the byte offset). Members ending in one of
+    :data:`PICKLE_EXTENSIONS` stay ``bytes`` unless ``allow_pickle=True``.
+
+    Args:
+        urls: Shard URLs (any iterable of ``str`` or a NumPy array), or one brace pattern such as
+            ``"s3://bucket/train-{000000..000127}.tar"``.
+        shuffle_shards: Permute the shard list every epoch.
+        shuffle_buffer: Size of the per-reader shuffle buffer; ``0`` keeps the interleaved order.
+        seed: Seed of every shuffle.
+        decoders: ``{extension: fn(bytes)}`` (the full extension such as ``"seg.png"`` wins over
+            its last part ``"png"``), or ``fn(sample) -> sample`` for the whole sample.
+        decode_in_thread: Run decoders in the worker's thread pool, several samples at once, so
+            CPU-heavy decoding (images, audio) overlaps with streaming.
+        shards_in_flight: Shards each reader interleaves at once.
+        handler: What a corrupt shard, an unsafe member or a failing decoder does: ``"raise"``
+            (default), ``"warn"`` (an :class:`AsyncloadWarning`, then carry on) or ``"skip"``
+            (carry on silently), or ``fn(exc) -> bool`` returning whether to carry on. Carrying
+            on skips the member, the sample or the rest of the shard.
+        allow_pickle: Decode pickle members (``pyd``, ``pickle``, ``pkl`` with :mod:`pickle`;
+            ``pth``, ``pt`` with ``torch.load``). Only for shards you trust.
+        samples_per_rank: Yield exactly this many samples per rank and epoch (see above).
+        chunk_size: Bytes per streamed chunk.
+        buffer_bytes: Bytes of parsed samples each open shard may hold before it waits.
+        storage_options: ``{prefix: options}`` applied with :func:`asyncload.configure_all` in
+            each process that reads.
+
+    Example:
+        >>> import asyncload, json
+        >>> ds = asyncload.TarShards(
+        ...     "s3://bucket/train-{000000..000099}.tar",
+        ...     shuffle_buffer=1000, decoders={"cls": int, "json": json.loads},
+        ... )
+        >>> loader = asyncload.DataLoader(ds, batch_size=64, num_workers=4)  # doctest: +SKIP
+        >>> for epoch in range(10):  # doctest: +SKIP
+        ...     loader.set_epoch(epoch)
+        ...     for batch in loader:
+        ...         ...
+    """
+
+    def __init__(
+        self,
+        urls: str | Iterable[str] | npt.NDArray[Any],
+        *,
+        shuffle_shards: bool = True,
+        shuffle_buffer: int = 0,
+        seed: int = 0,
+        decoders: Decoders = None,
+        decode_in_thread: bool = False,
+        shards_in_flight: int = 4,
+        handler: Handler = "raise",
+        allow_pickle: bool = False,
+        samples_per_rank: int | None = None,
+        chunk_size: int = 1 << 20,
+        buffer_bytes: int = 16 << 20,
+        storage_options: Mapping[str, StorageOptions | Mapping[str, Any]] | None = None,
+    ) -> None:
+        url_list = expand_urls(urls) if isinstance(urls, str) else [str(u) for u in urls]
+        if not url_list:
+            raise ValueError("TarShards needs at least one shard URL")
+        # One fixed-width array, not a list of str: forked workers don't copy it by touching it.
+        self._urls: npt.NDArray[np.str_] = np.asarray(url_list, dtype=np.str_)
+        if shuffle_buffer < 0 or shards_in_flight < 1 or chunk_size < 1 or buffer_bytes < 1:
+            raise ValueError(
+                "shuffle_buffer must be >= 0; shards_in_flight, chunk_size, buffer_bytes >= 1"
+            )
+        if samples_per_rank is not None and samples_per_rank < 0:
+            raise ValueError(f"samples_per_rank must be >= 0, got {samples_per_rank}")
+        if isinstance(handler, str) and handler not in ("raise", "warn", "skip"):
+            raise ValueError(f"handler must be 'raise', 'warn', 'skip' or a callable: {handler!r}")
+        if isinstance(decoders, Mapping) and not allow_pickle:
+            risky = sorted(e for e in decoders if e.rsplit(".", 1)[-1] in PICKLE_EXTENSIONS)
+            if risky:
+                raise ValueError(
+                    f"decoders for pickle extensions {risky} need allow_pickle=True: "
+                    "unpickling runs arbitrary code from the shard"
+                )
+        self.shuffle_shards = shuffle_shards
+        self.shuffle_buffer = shuffle_buffer
+        self.seed = seed
+        self.decoders = decoders
+        self.decode_in_thread = decode_in_thread
+        self.shards_in_flight = shards_in_flight
+        self.handler = handler
+        self.allow_pickle = allow_pickle
+        self.samples_per_rank = samples_per_rank
+        self.chunk_size = chunk_size
+        self.buffer_bytes = buffer_bytes
+        self.storage_options = dict(storage_options) if storage_options else None
+        self.epoch = 0
+        self._table = self._decoder_table()
+
+    # ── public helpers ─────────────────────────────────────────────────────────────────────
+
+    @property
+    def urls(self) -> list[str]:
+        """The shard URLs, in the order given."""
+        return [str(u) for u in self._urls]
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch whose shard permutation and shuffle to use (``loader.set_epoch``)."""
+        self.epoch = int(epoch)
+
+    def shard_indices(self, rank: int, world_size: int, worker: int, num_workers: int) -> list[int]:
+        """Indices into :attr:`urls` that reader ``(rank, worker)`` streams this epoch, in order.
+
+        Example:
+            >>> ds = TarShards([f"/data/{i}.tar" for i in range(10)], seed=1)
+            >>> sorted(ds.shard_indices(0, 2, 0, 1) + ds.shard_indices(1, 2, 0, 1)) != []
+            True
+        """
+        n = len(self._urls)
+        readers = world_size * num_workers
+        g = rank * num_workers + worker
+        if self.shuffle_shards:
+            order = np.random.default_rng((self.seed, self.epoch)).permutation(n)
+        else:
+            order = np.arange(n)
+        if world_size > 1 and self.samples_per_rank is None:
+            per_reader = n // readers
+            if per_reader == 0:
+                raise ValueError(
+                    f"TarShards: {n} shards can't be split evenly over {readers} readers "
+                    f"({world_size} ranks × {num_workers} workers); use more shards, fewer "
+                    "workers, or samples_per_rank="
+                )
+            mine = order[g : per_reader * readers : readers]
+        else:
+            mine = order[g::readers]
+            if len(mine) == 0 and self.samples_per_rank:
+                mine = order[[g % n]]  # more readers than shards: this one re-reads one
+        return [int(i) for i in mine]
+
+    # ── iteration ──────────────────────────────────────────────────────────────────────────
+
+    def __aiter__(self) -> AsyncIterator[Sample]:
+        return self.aiter_from(0)
+
+    async def aiter_from(self, skip: int) -> AsyncGenerator[Sample, None]:
+        """Iterate this reader's share, leaving out its first *skip* samples.
+
+        Skipped samples are still streamed and parsed (shard sample counts are unknown) but
+        never decoded. The loader calls this to resume an epoch.
+        """
+        if self.storage_options:
+            _storage.configure_all(self.storage_options)
+        info = get_worker_info()
+        if info is None:
+            rank, world = rank_and_world_size()
+            worker, workers = 0, 1
+        else:
+            rank, world, worker, workers = info.rank, info.world_size, info.id, info.num_workers
+        shards = self.shard_indices(rank, world, worker, workers)
+        if self.samples_per_rank is None:
+            stream = self._interleaved(shards)
+        else:
+            per, extra = divmod(self.samples_per_rank, workers)
+            stream = self._capped(shards, per + (worker < extra))
+        if self.shuffle_buffer > 1:
+            rng = np.random.default_rng((self.seed, self.epoch, rank, world, worker, workers))
+            stream = self._shuffled(stream, rng)
+        async with aclosing(stream) as raw:
+            seen = 0
+            if self.decode_in_thread:
+                async for sample in self._decode_in_pool(raw, skip):
+                    yield sample
+                return
+            async for item in raw:
+                seen += 1
+                if seen <= skip:
+                    continue
+                decoded = self._decode_or_handle(item)
+                if decoded is not None:
+                    yield decoded
+
+    async def _capped(self, shards: list[int], quota: int) -> AsyncGenerator[Sample, None]:
+        given = 0
+        while given < quota:
+            before = given
+            async with aclosing(self._interleaved(shards)) as it:
+                async for sample in it:
+                    yield sample
+                    given += 1
+                    if given >= quota:
+                        return
+            if given == before:
+                raise ArchiveError(
+                    f"samples_per_rank={self.samples_per_rank}: shards {shards} hold no samples"
+                )
+
+    async def _shuffled(
+        self, stream: AsyncGenerator[Sample, None], rng: np.random.Generator
+    ) -> AsyncGenerator[Sample, None]:
+        buf: list[Sample] = []
+        draws = rng.random(1024)
+        d = 0
+        async with aclosing(stream) as it:
+            async for sample in it:
+                buf.append(sample)
+                if len(buf) <= self.shuffle_buffer:
+                    continue
+                if d == len(draws):
+                    draws, d = rng.random(1024), 0
+                j = int(draws[d] * len(buf))
+                d += 1
+                buf[j], buf[-1] = buf[-1], buf[j]
+                yield buf.pop()
+        for j in rng.permutation(len(buf)):
+            yield buf[j]
+
+    async def _interleaved(self, shards: list[int]) -> AsyncGenerator[Sample, None]:
+        """One sample from each of ``shards_in_flight`` open shards in turn, in shard order.
+
+        The next shards are opened ahead so their first bytes are there when a slot frees up;
+        a finished shard's slot goes to the next shard, so the order depends on data alone.
+        """
+        pending = collections.deque(shards)
+        width = self.shards_in_flight
+        window: list[_Open] = []
+        ahead: collections.deque[_Open] = collections.deque()
+
+        def refill() -> None:
+            while pending and len(window) < width:
+                window.append(ahead.popleft() if ahead else self._open(pending.popleft()))
+            while pending and len(ahead) < width:
+                ahead.append(self._open(pending.popleft()))
+
+        try:
+            refill()
+            i = 0
+            while window:
+                i %= len(window)
+                shard = window[i]
+                item = await shard.channel.get()
+                if isinstance(item, dict):
+                    yield item
+                    i += 1
+                    continue
+                if isinstance(item, Failed):
+                    if item.handled or not self._carry_on(item.exc):
+                        raise item.exc
+                # This shard is done: its slot goes to the next one, taken right away.
+                if ahead:
+                    window[i] = ahead.popleft()
+                else:
+                    del window[i]
+                refill()
+        finally:
+            tasks = [s.task for s in (*window, *ahead)]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _open(self, sid: int) -> _Open:
+        channel = Channel(self.buffer_bytes)
+        task = asyncio.get_running_loop().create_task(self._produce(sid, channel))
+        return _Open(task, channel)
+
+    async def _produce(self, sid: int, channel: Channel) -> None:
+        url = str(self._urls[sid])
+        shown = redact_url(url)
+        try:
+            chunks = cast(
+                AsyncGenerator[bytes, None], _storage.stream(url, chunk_size=self.chunk_size)
+            )
+            async with aclosing(chunks), aclosing(iter_members(chunks, url)) as members:
+                sample: Sample | None = None
+                size = 0
+                async for m in members:
+                    reason = unsafe_reason(m)
+                    if reason is not None:
+                        exc = ArchiveError(f"{shown}: unsafe {reason} at offset {m.offset}")
+                        if not self._carry_on(exc):
+                            channel.fail(exc, handled=True)
+                            return
+                        continue
+                    parts = split_name(m.name) if m.kind == "file" else None
+                    if parts is None:
+                        continue
+                    key, ext = parts
+                    if sample is None or key != sample["__key__"]:
+                        if sample is not None:
+                            await channel.put(sample, size)
+                        sample = {"__key__": key, "__url__": shown}
+                        size = 0
+                    if ext in sample:
+                        raise ArchiveError(
+                            f"{shown}: duplicate member {m.name!r} at offset {m.offset}"
+                        )
+                    sample[ext] = m.data
+                    size += len(m.data)
+                if sample is not None:
+                    await channel.put(sample, size)
+        except Exception as exc:
+            channel.fail(exc, handled=False)
+            return
+        channel.close()
+
+    # ── errors and decoding ────────────────────────────────────────────────────────────────
+
+    def _carry_on(self, exc: Exception) -> bool:
+        """Apply the error policy: True to skip what failed and go on, False to raise."""
+        handler = self.handler
+        if handler == "raise":
+            return False
+        if handler == "warn":
+            warnings.warn(f"TarShards skipped: {exc}", AsyncloadWarning, stacklevel=2)
+            return True
+        if handler == "skip":
+            return True
+        assert callable(handler)
+        return bool(handler(exc))
+
+    def _decoder_table(self) -> dict[str, Callable[[bytes], Any]]:
+        table: dict[str, Callable[[bytes], Any]] = {}
+        if self.allow_pickle:
+            for ext in ("pyd", "pickle", "pkl"):
+                table[ext] = _unpickle
+            table["pth"] = table["pt"] = _torch_load
+        if isinstance(self.decoders, Mapping):
+            table.update(self.decoders)
+        return table
+
+    def _decode(self, sample: Sample) -> Sample:
+        if callable(self.decoders):
+            return self.decoders(sample)
+        table = self._table
+        if not table:
+            return sample
+        out: Sample = {}
+        for field, value in sample.items():
+            fn = table.get(field) or table.get(field.rsplit(".", 1)[-1])
+            if fn is None or field.startswith("__"):
+                out[field] = value
+            else:
+                out[field] = fn(value)
+        return out
+
+    def _decode_or_handle(self, sample: Sample) -> Sample | None:
+        try:
+            return self._decode(sample)
+        except Exception as exc:
+            err = ArchiveError(f"{sample['__url__']}: decoding sample {sample['__key__']!r}: {exc}")
+            if self._carry_on(err):
+                return None
+            raise err from exc
+
+    async def _decode_in_pool(
+        self, raw: AsyncIterator[Sample], skip: int
+    ) -> AsyncGenerator[Sample, None]:
+        # Up to this many decodes run in the pool while parsing goes on; results keep their order.
+        loop = asyncio.get_running_loop()
+        limit = min(32, (os.cpu_count() or 1) * 2)
+        running: collections.deque[asyncio.Future[Sample | None]] = collections.deque()
+        seen = 0
+        try:
+            async for item in raw:
+                seen += 1
+                if seen <= skip:
+                    continue
+                running.append(loop.run_in_executor(None, self._decode_or_handle, item))
+                if len(running) >= limit:
+                    done = await running.popleft()
+                    if done is not None:
+                        yield done
+            while running:
+                done = await running.popleft()
+                if done is not None:
+                    yield done
+        finally:
+            for f in running:
+                f.cancel()
+
+    def __repr__(self) -> str:
+        first = redact_url(str(self._urls[0]))
+        return f"TarShards({len(self._urls)} shards, first={first!r}, epoch={self.epoch})"
