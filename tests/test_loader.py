@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import time
 import warnings
 from typing import Any
 
@@ -252,3 +253,8 @@ def test_stats_count_samples_and_wait(http_server: Any) -> None:
     assert s.latency_p50 <= s.latency_p95 <= s.latency_p99
     assert s.wait_s > 0
     assert len(s.in_flight) == 2
+    # The pass is over: its clock stopped, so the rates don't decay while nobody iterates.
+    time.sleep(0.2)
+    assert loader.stats().elapsed_s == s.elapsed_s
+    # Worker start-up is time the training loop waited for data.
+    assert s.wait_s >= 0.5 * s.elapsed_s

@@ -65,10 +65,11 @@ def _shutdown_all() -> None:
 class Tally:
     """What one pass has done so far; outlives its iterator so stats() works after the loop."""
 
-    __slots__ = ("batches", "in_thread", "started", "wait_s", "workers")
+    __slots__ = ("batches", "ended", "in_thread", "started", "wait_s", "workers")
 
     def __init__(self, num_workers: int, in_thread: bool) -> None:
         self.started = time.monotonic()
+        self.ended: float | None = None
         self.batches = 0
         self.wait_s = 0.0
         self.in_thread = in_thread
@@ -79,7 +80,13 @@ class Tally:
             snaps = [_stats.recorder.snapshot()]
         else:
             snaps = [s for s in self.workers if s is not None]
-        return _stats.merge(snaps, started=self.started, batches=self.batches, wait_s=self.wait_s)
+        return _stats.merge(
+            snaps,
+            started=self.started,
+            batches=self.batches,
+            wait_s=self.wait_s,
+            ended=self.ended,
+        )
 
 
 _SKIP = object()  # a reorder-buffer slot whose task produced nothing (iterable exhausted)
@@ -216,6 +223,7 @@ class LoaderIter:
         """Start a pass: torch's ``_reset``. With persistent workers, every later epoch too."""
         if not first:
             self._resume = None
+            self.tally = Tally(self._num_workers, in_thread=False)
             self._rng_state = capture_rng(self._generator)
             self._sampler_iter = iter(self._index_sampler)
             self._generation += 1
@@ -227,7 +235,6 @@ class LoaderIter:
                 msg = self._get()
                 if isinstance(msg, ResumeAck) and msg.generation == self._generation:
                     acks += 1
-            self.tally = Tally(self._num_workers, in_thread=False)
         resume = self._resume
         # send_idx is the batch's ordinal in the pass, also across a checkpoint and restore.
         self._progress = resume.progress if resume is not None else Progress(self._num_workers)
@@ -248,6 +255,8 @@ class LoaderIter:
         self._sampler_done = False
         while self._try_put_index():
             pass
+        # The training loop waits through start-up too (workers, first requests).
+        self.tally.wait_s = time.monotonic() - self.tally.started
 
     # ── iteration ──────────────────────────────────────────────────────────────────────────
 
@@ -265,6 +274,7 @@ class LoaderIter:
             data = self._next_data()
         except StopIteration:
             self._finished = True
+            self.tally.ended = time.monotonic()
             if not self._persistent:
                 self._shutdown()
             raise
@@ -431,6 +441,9 @@ class LoaderIter:
                 return
             self._shut = True
         _live.discard(self)
+        tally = getattr(self, "tally", None)  # absent if __init__ failed early
+        if tally is not None and tally.ended is None:
+            tally.ended = time.monotonic()
         if not self._process_mode:
             for w in self._workers:
                 w.send(Shutdown())

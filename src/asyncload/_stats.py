@@ -113,7 +113,7 @@ class LoaderStats:
     """
 
     elapsed_s: float
-    """Seconds since the current iterator was created."""
+    """Seconds from the start of the pass (``iter(loader)``) to now, or to its end."""
     samples: int
     """Samples fetched by all workers."""
     bytes: int
@@ -137,7 +137,7 @@ class LoaderStats:
     errors: dict[str, int]
     """Errors that reached the caller, by exception type."""
     wait_s: float
-    """Seconds the training loop spent waiting for the next batch."""
+    """Seconds the training loop spent waiting for data, worker start-up included."""
 
 
 def _percentile(hist: list[int], q: float) -> float:
@@ -154,10 +154,18 @@ def _percentile(hist: list[int], q: float) -> float:
 
 
 def merge(
-    snapshots: list[RecorderSnapshot], *, started: float, batches: int, wait_s: float
+    snapshots: list[RecorderSnapshot],
+    *,
+    started: float,
+    batches: int,
+    wait_s: float,
+    ended: float | None = None,
 ) -> LoaderStats:
-    """Combine per-worker snapshots into one :class:`LoaderStats`."""
-    elapsed = max(time.monotonic() - started, 1e-9)
+    """Combine per-worker snapshots into one :class:`LoaderStats`.
+
+    ``ended`` freezes the clock of a finished pass, so its rates stop decaying afterwards.
+    """
+    elapsed = max((ended if ended is not None else time.monotonic()) - started, 1e-9)
     hist = [0] * _NUM_BUCKETS
     retries: collections.Counter[str] = collections.Counter()
     errors: collections.Counter[str] = collections.Counter()
