@@ -1,0 +1,226 @@
+"""A loopback object server in its own process, for benchmarks.
+
+The server runs in a child process (``python benchmarks/_server.py``) so that its CPU time is
+not mixed into the client's: a benchmark measures the loader, and on a 2-core machine the
+server competing for the client's interpreter would skew every ratio.
+
+Objects are generated, not stored: ``GET /obj/{size}/{latency_ms}/{i}`` answers ``size`` bytes
+that depend only on ``i`` after sleeping ``latency_ms`` milliseconds. Encoding size and latency
+in the path keeps the server stateless, so one server serves every scenario of a run and other
+benchmark scripts can reuse it. ``Range`` and ``HEAD`` are honoured (storage benchmarks need
+them).
+
+Usage from a benchmark::
+
+    with ObjectServerProcess() as server:
+        url = server.url_for(index=7, size=100_000, latency=0.05)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from types import TracebackType
+
+__all__ = ["ObjectServerProcess", "object_bytes"]
+
+# Every object is a window into one fixed pseudo-random pool, so generating a response costs a
+# slice, not a random-number draw, and bodies differ from index to index (no accidental caching).
+_POOL_SIZE = 1 << 22
+_STRIDE = 4099  # prime: consecutive indices start at unrelated offsets
+
+
+def _pool() -> bytes:
+    # A seeded generator rather than os.urandom: the same bytes in every process, so a client
+    # can check what it received without asking the server.
+    return random.Random(20240601).randbytes(_POOL_SIZE + (1 << 20))
+
+
+_POOL: bytes | None = None
+
+
+def object_bytes(index: int, size: int) -> bytes:
+    """The body the server sends for object *index* of *size* bytes (for checking reads)."""
+    global _POOL
+    if _POOL is None:
+        _POOL = _pool()
+    start = (index * _STRIDE) % _POOL_SIZE
+    if size <= len(_POOL) - start:
+        return _POOL[start : start + size]
+    # Larger than the pool's tail: repeat it (objects that big are only used for throughput).
+    reps = size // len(_POOL) + 2
+    return (_POOL * reps)[start : start + size]
+
+
+# ── the server process ────────────────────────────────────────────────────────────────────────
+
+
+def _parse_range(header: str, size: int) -> tuple[int, int] | None:
+    if not header.startswith("bytes="):
+        return None
+    first, _, last = header[6:].split(",")[0].strip().partition("-")
+    if first == "":
+        return max(0, size - int(last)), size
+    start = int(first)
+    end = int(last) + 1 if last else size
+    return (start, min(end, size)) if start < size else None
+
+
+def _serve(host: str, port: int) -> None:
+    from aiohttp import web
+
+    async def handle(request: web.Request) -> web.Response:
+        info = request.match_info
+        try:
+            size, latency_ms, index = int(info["size"]), float(info["ms"]), int(info["i"])
+        except ValueError:
+            return web.Response(status=400, text="expected /obj/{size}/{latency_ms}/{index}")
+        if latency_ms > 0:
+            await asyncio.sleep(latency_ms / 1000)
+        body = object_bytes(index, size)
+        status = 200
+        headers = {"Accept-Ranges": "bytes"}
+        rng = request.headers.get("Range")
+        if rng:
+            span = _parse_range(rng, size)
+            if span is None:
+                return web.Response(status=416, headers={"Content-Range": f"bytes */{size}"})
+            start, end = span
+            body, status = body[start:end], 206
+            headers["Content-Range"] = f"bytes {start}-{end - 1}/{size}"
+        if request.method == "HEAD":
+            headers["Content-Length"] = str(len(body))
+            return web.Response(status=status, headers=headers)
+        return web.Response(status=status, body=body, headers=headers)
+
+    async def main() -> None:
+        app = web.Application()
+        app.router.add_route("GET", "/obj/{size}/{ms}/{i}", handle)
+        app.router.add_route("HEAD", "/obj/{size}/{ms}/{i}", handle)
+        # handler_cancellation: a client that gives up mid-sleep frees the handler at once.
+        runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+        await runner.setup()
+        site = web.TCPSite(runner, host, port, backlog=4096)
+        await site.start()
+        server = site._server
+        assert server is not None
+        bound = server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+
+        def watch_parent() -> None:
+            # The parent holds our stdin open; EOF means it exited (or closed us): stop, so a
+            # crashed benchmark never leaves a server behind.
+            sys.stdin.buffer.read()
+            loop.call_soon_threadsafe(stop.set)
+
+        threading.Thread(target=watch_parent, daemon=True).start()
+        print(f"PORT {bound}", flush=True)
+        await stop.wait()
+        await runner.cleanup()
+
+    object_bytes(0, 1)  # build the pool before announcing the port: no first-request stall
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop missing
+        asyncio.run(main())
+    else:
+        # The server should be fast so that it is not what limits the loaders being compared.
+        uvloop.run(main())
+
+
+class ObjectServerProcess:
+    """Starts ``_server.py`` as a child process on an ephemeral loopback port.
+
+    Use as a context manager; the child exits when the context closes or when this process
+    dies (it watches its stdin).
+    """
+
+    def __init__(self, host: str = "127.0.0.1") -> None:
+        self.host = host
+        self.port = 0
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int:
+        assert self._proc is not None, "server not started"
+        return self._proc.pid
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def prefix(self, size: int, latency: float) -> str:
+        """URL prefix of objects of *size* bytes served after *latency* seconds; add ``/{i}``."""
+        return f"{self.base_url}/obj/{size}/{latency * 1000:g}"
+
+    def url_for(self, index: int, size: int, latency: float) -> str:
+        return f"{self.prefix(size, latency)}/{index}"
+
+    def start(self) -> ObjectServerProcess:
+        self._proc = subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), "--host", self.host],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        assert self._proc.stdout is not None
+        # Bounded: a server that fails to start must not hang the benchmark.
+        line = _readline_with_timeout(self._proc, 30.0)
+        if not line.startswith(b"PORT "):
+            self.stop()
+            raise RuntimeError(f"benchmark server did not start (said {line!r})")
+        self.port = int(line.split()[1])
+        return self
+
+    def stop(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        if proc.stdin is not None:
+            proc.stdin.close()  # the server's stdin watcher sees EOF and shuts down cleanly
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+    def __enter__(self) -> ObjectServerProcess:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+def _readline_with_timeout(proc: subprocess.Popen[bytes], timeout: float) -> bytes:
+    out: list[bytes] = []
+    assert proc.stdout is not None
+    stdout = proc.stdout
+    reader = threading.Thread(target=lambda: out.append(stdout.readline()), daemon=True)
+    reader.start()
+    reader.join(timeout)
+    if not out:
+        proc.kill()
+        raise RuntimeError(f"benchmark server did not report its port within {timeout:g}s")
+    return out[0]
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0)
+    args = parser.parse_args()
+    _serve(args.host, args.port)

@@ -1,0 +1,60 @@
+"""Smoke test: ``benchmarks/bench_loader.py --quick`` runs and prints its whole table.
+
+Only that it runs: speed depends on whatever else the machine is doing, so no numbers are
+checked here.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "benchmarks" / "bench_loader.py"
+
+ROWS = (
+    "asyncload (max_concurrency=128)",
+    "torch, 32-thread pool in __getitems__",
+    "torch, blocking GET per __getitem__",
+    "raw aiohttp, 1 loop, 256 in flight",
+)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+def test_bench_loader_quick_prints_every_row(tmp_path: Path) -> None:
+    out_json = tmp_path / "out.json"
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--quick", "--json", str(out_json)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    text = proc.stdout
+    for scenario in ("A (I/O-bound)", "B (overhead)"):
+        assert scenario in text
+    for row in ROWS:
+        assert text.count(row) == 2, f"row {row!r} missing from a scenario:\n{text}"
+    for target in (
+        "asyncload / torch threaded >= 4x",
+        "asyncload / raw ceiling >= 0.8x",
+        "asyncload / torch blocking >= 1x",
+        "USS growth epoch 1→3 < 5%",
+    ):
+        assert target in text, f"target {target!r} missing:\n{text}"
+    assert "Memory growth" in text
+    assert "Python list[str] keys" in text
+    assert text.count("asyncload.RemoteFiles (NumPy arrays)") == 2  # forkserver and fork
+
+    results = json.loads(out_json.read_text())
+    assert set(results["scenarios"]) == {"A", "B"}
+    for sc in results["scenarios"].values():
+        assert set(sc["rows"]) == {"asyncload", "threaded", "blocking", "raw"}
+        assert all(row["samples_per_s"] > 0 for row in sc["rows"].values())
+    assert len(results["memory_growth"]) == 3
