@@ -53,7 +53,7 @@ from ._storage import (
     stat,
     stream,
 )
-from .datasets import RemoteFiles
+from .datasets import RemoteFiles, TarShards, write_shards
 
 __version__ = "0.1.0"
 
@@ -80,6 +80,7 @@ __all__ = [
     "ServerError",
     "StorageError",
     "StorageOptions",
+    "TarShards",
     "Timeout",
     "WorkerError",
     "WorkerInfo",
@@ -94,4 +95,5 @@ __all__ = [
     "shard",
     "stat",
     "stream",
+    "write_shards",
 ]
