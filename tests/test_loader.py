@@ -258,3 +258,39 @@ def test_stats_count_samples_and_wait(http_server: Any) -> None:
     assert loader.stats().elapsed_s == s.elapsed_s
     # Worker start-up is time the training loop waited for data.
     assert s.wait_s >= 0.5 * s.elapsed_s
+
+
+def test_tensors_of_every_size_and_dtype_cross_intact() -> None:
+    loader = asyncload.DataLoader(_Tensors(), batch_size=2, num_workers=1, collate_fn=list)
+    got = [t for batch in loader for t in batch]
+    want = [_Tensors.make(i) for i in range(len(_Tensors()))]
+    assert len(got) == len(want)
+    for a, b in zip(got, want, strict=True):
+        assert a.dtype == b.dtype
+        assert a.shape == b.shape
+        assert torch.equal(a, b)
+
+
+class _Tensors(asyncload.Dataset[torch.Tensor]):
+    """Small (sent inline) and large (sent through shared memory) tensors, odd layouts too."""
+
+    @staticmethod
+    def make(i: int) -> torch.Tensor:
+        g = torch.Generator().manual_seed(i)
+        kinds = [
+            lambda: torch.tensor(i),  # 0-dim
+            lambda: torch.empty(0, 3),
+            lambda: torch.rand(5, 7, generator=g).t(),  # non-contiguous
+            lambda: torch.randint(0, 255, (3, 256, 256), generator=g, dtype=torch.uint8),
+            lambda: torch.rand(4, generator=g, dtype=torch.float64).to(torch.bfloat16),
+            lambda: torch.tensor([True, False, True]),
+            lambda: torch.complex(torch.rand(3, generator=g), torch.rand(3, generator=g)).conj(),
+            lambda: torch.rand(300, 300, generator=g),  # larger than the inline limit
+        ]
+        return kinds[i % len(kinds)]()
+
+    def __len__(self) -> int:
+        return 16
+
+    async def __getitem__(self, index: int) -> torch.Tensor:
+        return self.make(index)

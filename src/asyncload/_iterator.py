@@ -40,7 +40,7 @@ from ._protocol import (
     ResumeAck,
     Shutdown,
 )
-from ._queues import ResultQueue
+from ._queues import unpack
 from ._resume import Progress, ResumePoint, capture_rng, restore_rng
 from ._worker import ThreadWorker, WorkerConfig, worker_main
 
@@ -184,7 +184,7 @@ class LoaderIter:
     def _start_processes(self, loader: DataLoader[Any], configs: list[WorkerConfig]) -> None:
         ctx = resolve_context(loader.multiprocessing_context)
         self._done_event = ctx.Event()
-        self._result_queue = ResultQueue(ctx=ctx)
+        self._result_queue = ctx.Queue()
         self._index_queues: list[Any] = []
         try:
             for cfg in configs:
@@ -386,7 +386,7 @@ class LoaderIter:
             if deadline is not None:
                 wait = min(wait, max(deadline - time.monotonic(), 0.0))
             try:
-                msg = self._replies.get(timeout=wait)
+                msg = unpack(self._replies.get(timeout=wait))
             except queue.Empty:
                 msg = None
             now = time.monotonic()

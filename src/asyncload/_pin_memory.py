@@ -15,6 +15,7 @@ import torch
 from torch.utils.data._utils.pin_memory import pin_memory
 
 from ._protocol import POLL_INTERVAL, Failure, RemoteError, Result
+from ._queues import unpack
 
 __all__ = ["PinMemoryThread", "accelerator_device"]
 
@@ -65,7 +66,7 @@ class PinMemoryThread:
                 continue
             except (EOFError, OSError):  # queue closed under us during shutdown
                 return
-            self.out.put(pin(msg, self._device))
+            self.out.put(pin(unpack(msg), self._device))
 
     def is_alive(self) -> bool:
         return self._thread.is_alive()

@@ -29,8 +29,10 @@ from ._protocol import (
     POLL_INTERVAL,
     Failure,
     RemoteError,
+    Result,
     Shutdown,
 )
+from ._queues import pack
 
 __all__ = ["ThreadWorker", "WorkerConfig", "new_event_loop", "worker_main"]
 
@@ -139,7 +141,7 @@ def worker_main(cfg: WorkerConfig, index_queue: Any, result_queue: Any, done_eve
 
     def put(msg: object) -> None:
         if not done_event.is_set():
-            result_queue.put(msg)
+            result_queue.put(pack(msg) if isinstance(msg, Result) else msg)
 
     try:
         _storage.import_config(cfg.storage_config)
