@@ -147,7 +147,6 @@ class HttpBackend(Backend):
         headers = {**cached[1], **extra} if extra else cached[1]
         timeout = self._timeout(options)
         ssl_arg = self._ssl_for(options)
-        origin = _origin(url)
         target = url
         for _ in range(_MAX_REDIRECTS + 1):
             try:
@@ -176,7 +175,7 @@ class HttpBackend(Backend):
                     f"refused a redirect to a non-HTTP URL {target}",
                     status=resp.status,
                 )
-            if _origin(target) != origin:
+            if _origin(target) != _origin(url):  # parsed only on a redirect: a hot path
                 if not options.allow_cross_host_redirects:
                     raise AttemptFailed(
                         RedirectError,
