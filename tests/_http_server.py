@@ -38,6 +38,8 @@ class ObjectServer:
     jitter: float = 0.0
     faults: dict[str, collections.deque[str]] = field(default_factory=dict)
     hits: collections.Counter[str] = field(default_factory=collections.Counter)
+    active: int = 0
+    peak_active: int = 0  # most requests in the handler at once since reset()
     headers_seen: list[dict[str, str]] = field(default_factory=list)
 
     @property
@@ -58,6 +60,7 @@ class ObjectServer:
         self.objects.clear()
         self.faults.clear()
         self.hits.clear()
+        self.peak_active = 0
         self.headers_seen.clear()
         self.latency = 0.0
         self.jitter = 0.0
@@ -129,9 +132,17 @@ def _make_app(state: ObjectServer) -> web.Application:
             return resp
         return web.Response(status=status, body=body, headers=headers)
 
+    async def counted(request: web.Request) -> web.StreamResponse:
+        state.active += 1
+        state.peak_active = max(state.peak_active, state.active)
+        try:
+            return await handle(request)
+        finally:
+            state.active -= 1
+
     app = web.Application()
-    app.router.add_route("GET", "/{path:.*}", handle)
-    app.router.add_route("HEAD", "/{path:.*}", handle)
+    app.router.add_route("GET", "/{path:.*}", counted)
+    app.router.add_route("HEAD", "/{path:.*}", counted)
     return app
 
 

@@ -294,3 +294,17 @@ class _Tensors(asyncload.Dataset[torch.Tensor]):
 
     async def __getitem__(self, index: int) -> torch.Tensor:
         return self.make(index)
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_connection_pool_admits_max_concurrency(http_server: Any, num_workers: int) -> None:
+    n = 400
+    base = put_numbers(http_server, n)
+    http_server.latency = 0.1
+    loader = asyncload.DataLoader(
+        Numbers(base, n), batch_size=10, num_workers=num_workers, max_concurrency=100
+    )
+    assert sorted(i for b in loader for i in b.tolist()) == list(range(n))
+    # More than the storage layer's default pool of 64 reached the server at once.
+    assert http_server.peak_active > 64, http_server.peak_active
+    assert http_server.peak_active <= 100

@@ -174,6 +174,8 @@ class LoaderIter:
             self._start_processes(loader, configs)
         else:
             _stats.recorder.reset()  # this pass's loop thread is the only writer now
+            # The loop thread's HTTP pool must admit max_concurrency requests, as a worker's does.
+            _storage.set_pool_size(max(_storage.pool_size(), loader.max_concurrency))
             worker = ThreadWorker(configs[0])
             self._workers.append(worker)
             self._replies: Any = worker.results

@@ -38,6 +38,7 @@ __all__ = [
     "import_config",
     "list_files",
     "list_files_async",
+    "pool_size",
     "read",
     "set_pool_size",
     "stat",
@@ -155,6 +156,11 @@ def set_pool_size(n: int) -> None:
     """Connections per host that clients created from now on may keep (the loader's
     ``max_concurrency``)."""
     _base.set_pool_size(n)
+
+
+def pool_size() -> int:
+    """The connection-pool size clients are created with."""
+    return _base.pool_size()
 
 
 def reset() -> None:
