@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -76,6 +77,9 @@ def test_timeout_raises_batch_timeout(num_workers: int) -> None:
     assert isinstance(info.value, RuntimeError)
     assert isinstance(info.value, TimeoutError)
     assert time.monotonic() - t0 < 10
+    # The stuck batch is named: sample 3 is in batch 1, which went to the last worker.
+    assert "sample indices [2, 3]" in str(info.value)
+    assert f"from worker {max(num_workers - 1, 0)}" in str(info.value)
 
 
 def test_killed_worker_raises_naming_pid_and_signal() -> None:
@@ -105,6 +109,15 @@ def test_break_early_and_exception_in_training_loop_leave_nothing() -> None:
         break
     with pytest.raises(KeyError):
         _train(loader)
+
+
+@pytest.mark.asyncio
+async def test_breaking_out_of_async_for_stops_the_workers() -> None:
+    loader = asyncload.DataLoader(SyncNumbers(10_000), batch_size=4, num_workers=2)
+    async for _ in loader:
+        break
+    del loader
+    await asyncio.sleep(0.5)  # the loop finalizes the abandoned async generator
 
 
 def _train(loader: Any) -> None:

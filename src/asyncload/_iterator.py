@@ -244,6 +244,7 @@ class LoaderIter:
         self._rcvd_idx = 0
         self._pending: dict[int, int] = {}  # send_idx → worker id, sent and not yet answered
         self._ready: dict[int, Any] = {}  # send_idx → reply, answered and not yet yielded
+        self._sent_indices: dict[int, Any] = {}  # send_idx → indices, only with timeout > 0
         self._active = [True] * self._num_workers
         start = 0
         if resume is not None and self._is_iterable:
@@ -314,6 +315,8 @@ class LoaderIter:
             msg = IndexTask(self._send_idx, self._generation, _compact(index))
         self._send(worker_id, msg)
         self._pending[self._send_idx] = worker_id
+        if self._timeout > 0 and not self._is_iterable:  # to name stuck samples on a timeout
+            self._sent_indices[self._send_idx] = index
         self._send_idx += 1
         return True
 
@@ -338,6 +341,7 @@ class LoaderIter:
             if isinstance(msg, Failure) and msg.send_idx < 0:
                 msg.error.reraise()
             self._pending.pop(msg.send_idx, None)
+            self._sent_indices.pop(msg.send_idx, None)
             if isinstance(msg, Result | Failure) and msg.stats is not None:
                 self.tally.workers[msg.worker_id] = msg.stats
             reply = msg
@@ -399,12 +403,25 @@ class LoaderIter:
             if msg is not None:
                 return msg
             if deadline is not None and time.monotonic() >= deadline:
-                waiting = sorted(set(self._pending.values()))
                 raise BatchTimeout(
-                    f"DataLoader timed out after {self._timeout} seconds waiting for batch "
-                    f"{self._rcvd_idx} (workers still fetching: {waiting}). Raise timeout=, or "
-                    "look at loader.stats() for slow requests and retries."
+                    f"DataLoader timed out after {self._timeout} seconds waiting for "
+                    f"{self._describe_waiting()}. Raise timeout=, or look at loader.stats() "
+                    "for slow requests and retries."
                 )
+
+    def _describe_waiting(self) -> str:
+        """The batch the training loop waits for: its worker and, map-style, its samples."""
+        idx = self._rcvd_idx if self._in_order and self._rcvd_idx in self._pending else None
+        if idx is None and self._pending:
+            idx = min(self._pending)
+        if idx is None:
+            return "a batch"
+        text = f"batch {idx} from worker {self._pending[idx]}"
+        indices = self._sent_indices.get(idx)
+        if indices is not None:
+            shown = indices.tolist() if isinstance(indices, np.ndarray) else indices
+            text += f" (sample indices {shown!r})"
+        return text
 
     def _check_alive(self) -> None:
         if self._pin_thread is not None and not self._pin_thread.is_alive():
