@@ -227,3 +227,40 @@ def _running(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+_FD_SCRIPT = textwrap.dedent(
+    """
+    import resource, sys
+    sys.path.insert(0, {root!r})
+    import asyncload
+    from tests._datasets import Numbers
+
+    if __name__ == "__main__":
+        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+        loader = asyncload.DataLoader(
+            Numbers({base!r}, 300), batch_size=50, num_workers={workers}, max_concurrency=200
+        )
+        try:
+            sum(len(b) for b in loader)
+        except asyncload.ConnectError as exc:
+            print("ConnectError:", exc)
+    """
+)
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_file_descriptor_limit_gives_a_clear_error_not_a_hang(
+    http_server: Any, tmp_path: Path, num_workers: int
+) -> None:
+    base = put_numbers(http_server, 300)
+    http_server.latency = 0.2  # keep connections open so the 64-descriptor limit is reached
+    script = tmp_path / "fd.py"
+    root = str(Path(__file__).parent.parent)
+    script.write_text(_FD_SCRIPT.format(root=root, base=base, workers=num_workers))
+    out = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=45, check=False
+    )
+    assert "ConnectError:" in out.stdout, out.stdout + out.stderr
+    assert "ran out of file descriptors" in out.stdout
+    assert "max_concurrency" in out.stdout

@@ -369,6 +369,13 @@ def map_error(exc: BaseException, options: StorageOptions) -> AttemptFailed:
     if isinstance(exc, aiohttp.ClientConnectorDNSError):
         return AttemptFailed(ConnectError, f"unknown host: {exc}")
     if isinstance(exc, aiohttp.ClientConnectorError):
+        if exc.os_error.errno == errno.EMFILE:
+            # Our own limit, not the server's: waiting won't help, and the fix is local.
+            return AttemptFailed(
+                ConnectError,
+                f"cannot connect: {exc}. This process ran out of file descriptors: raise the "
+                "limit (`ulimit -n`, RLIMIT_NOFILE) or lower the DataLoader's max_concurrency",
+            )
         # A refused connection means the address is wrong or the server is down: fail fast.
         refused = exc.os_error.errno == errno.ECONNREFUSED
         return AttemptFailed(
