@@ -207,7 +207,7 @@ async def iter_members(chunks: AsyncIterator[bytes], url: str) -> AsyncGenerator
             return  # no end-of-archive blocks: tolerated, as tarfile and GNU tar do
         if len(header) < BLOCK:
             raise _error(url, offset, "truncated tar header")
-        if header.count(0) == BLOCK:
+        if header[0] == 0 and header.count(0) == BLOCK:  # a real header starts with its name
             return  # end-of-archive marker; whatever padding follows is not read
         if not _checksum_ok(header, _number(header[148:156], url, offset)):
             raise _error(url, offset, "bad tar header checksum (corrupt shard or not a tar)")
