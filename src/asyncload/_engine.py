@@ -96,7 +96,6 @@ class Engine:
         self._iter_task: asyncio.Task[None] | None = None
         self._last_stats = 0.0
         self._skip = cfg.skip
-        self.stopped = asyncio.Event()
 
     # ── stats ──────────────────────────────────────────────────────────────────────────────
 
@@ -133,7 +132,6 @@ class Engine:
                     return
         finally:
             await self._cancel_all()
-            self.stopped.set()
 
     async def _cancel_all(self) -> None:
         tasks = list(self._tasks)
@@ -149,10 +147,12 @@ class Engine:
         self._sem = asyncio.Semaphore(self.cfg.max_concurrency)
         _stats.recorder.in_flight = 0
 
-    def _spawn(self, coro: Any) -> None:
+    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
+        """Start *coro*, tracked so that a new epoch or shutdown can cancel it."""
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     def _fail(self, send_idx: int, exc: BaseException, index: Any = None) -> None:
         _stats.note_error(type(exc).__name__)
@@ -252,8 +252,8 @@ class Engine:
                         if item is end:
                             exhausted = True
                             break
-                        if isinstance(item, _Raised):
-                            exhausted = item.fatal
+                        if isinstance(item, _Raised):  # the dataset's iterator raised
+                            exhausted = True
                             raise item.exc
                         if isinstance(item, asyncio.Future):
                             item = await item
@@ -275,12 +275,12 @@ class Engine:
                 if inspect.isawaitable(item):
                     await self._sem.acquire()
                     _stats.recorder.in_flight += 1
-                    await ahead.put(asyncio.ensure_future(self._await_one(item)))
+                    await ahead.put(self._spawn(self._await_one(item)))
                 else:
                     _stats.recorder.note_sample(0.0)
                     await ahead.put(item)
         except Exception as exc:
-            await ahead.put(_Raised(exc, fatal=True))
+            await ahead.put(_Raised(exc))
             return
         await ahead.put(end)
 
@@ -315,4 +315,3 @@ async def _skipping(dataset: Any, skip: int) -> AsyncIterator[Any]:
 @dataclass(frozen=True, slots=True)
 class _Raised:
     exc: Exception
-    fatal: bool
