@@ -142,6 +142,17 @@ def test_persistent_workers_survive_epochs_and_go_with_the_loader() -> None:
     del loader, it
 
 
+def test_persistent_workers_restart_after_a_failed_pass(http_server: Any) -> None:
+    base = put_numbers(http_server, 20)
+    dataset = Numbers(base, 20, fail_on=(5,))
+    loader = asyncload.DataLoader(dataset, batch_size=4, num_workers=2, persistent_workers=True)
+    with pytest.raises(ValueError, match="bad sample 5"):
+        _drain(loader)
+    dataset.fail_on = dataset.fail_on[:0]  # fixed: the next pass runs on fresh workers
+    assert sorted(i for b in loader for i in b.tolist()) == list(range(20))
+    del loader
+
+
 def test_unpicklable_dataset_error_names_the_attribute() -> None:
     ds = SyncNumbers(10)
     ds.transform = lambda x: x  # type: ignore[attr-defined]

@@ -266,6 +266,10 @@ class LoaderIter:
     def __iter__(self) -> LoaderIter:
         return self
 
+    @property
+    def is_shut_down(self) -> bool:
+        return self._shut
+
     def __len__(self) -> int:
         if self._len is None:
             raise TypeError("this DataLoader's dataset has no __len__")

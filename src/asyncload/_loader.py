@@ -206,7 +206,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
 
     def __iter__(self) -> LoaderIter:  # type: ignore[override]
         if self.persistent_workers and self.num_workers > 0:
-            if self._persistent_iter is None:
+            # A pass that ended in an error shut its workers down: start new ones.
+            if self._persistent_iter is None or self._persistent_iter.is_shut_down:
                 self._persistent_iter = self._get_iterator()
             else:
                 self._persistent_iter._reset(first=False, epoch=self._epoch)
