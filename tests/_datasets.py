@@ -165,3 +165,53 @@ class InitMark(asyncload.Dataset[str]):
 
     async def __getitem__(self, index: int) -> str:
         return os.environ.get("ASYNCLOAD_TEST_INIT", "missing")
+
+
+class Blobs(torch.utils.data.Dataset[bytes]):
+    """Returns `size` bytes at once: fills a result pipe fast when nobody reads it."""
+
+    def __init__(self, n: int, size: int) -> None:
+        self.n, self.size = n, size
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> bytes:
+        return bytes(self.size)
+
+
+class BigTensors(asyncload.Dataset[torch.Tensor]):
+    """100 KB tensors (sent through shared memory, not inline)."""
+
+    def __len__(self) -> int:
+        return 10_000
+
+    async def __getitem__(self, index: int) -> torch.Tensor:
+        return torch.full((100_000,), index % 256, dtype=torch.uint8)
+
+
+class CancelsItself(asyncload.Dataset[int]):
+    """Index `bad` raises CancelledError from inside the dataset (not a cancellation)."""
+
+    def __init__(self, n: int, bad: int) -> None:
+        self.n, self.bad = n, bad
+
+    def __len__(self) -> int:
+        return self.n
+
+    async def __getitem__(self, index: int) -> int:
+        if index == self.bad:
+            raise asyncio.CancelledError("dataset's own cancellation")
+        return index
+
+
+class Stuck(asyncload.Dataset[int]):
+    """Every index but 0 waits an hour: all fetch slots end up taken."""
+
+    def __len__(self) -> int:
+        return 1000
+
+    async def __getitem__(self, index: int) -> int:
+        if index:
+            await asyncio.sleep(3600)
+        return index

@@ -147,3 +147,61 @@ class _EpochEcho(asyncload.Dataset[int]):
 
     async def __getitem__(self, index: int) -> int:
         return self.epoch
+
+
+def test_resume_mid_second_epoch_of_persistent_workers(http_server: Any) -> None:
+    n = 40
+    base = put_numbers(http_server, n)
+
+    def make() -> asyncload.DataLoader[Any]:
+        return asyncload.DataLoader(
+            Numbers(base, n),
+            batch_size=4,
+            shuffle=True,
+            num_workers=1,
+            persistent_workers=True,
+            generator=torch.Generator().manual_seed(3),
+        )
+
+    loader = make()
+    assert sorted(i for b in loader for i in b.tolist()) == list(range(n))  # epoch 1
+    it = iter(loader)  # epoch 2: a new permutation from the same generator
+    before = [i for _, b in zip(range(3), it, strict=False) for i in b.tolist()]
+    state = loader.state_dict()
+    rest = [i for b in it for i in b.tolist()]
+    del loader, it
+    restored = make()
+    restored.load_state_dict(state)
+    after = [i for b in restored for i in b.tolist()]
+    assert after == rest  # the same permutation, continued where it stopped
+    assert sorted(before + after) == list(range(n))
+    del restored
+
+
+def test_batch_size_none_passes_sampler_elements_unchanged(http_server: Any) -> None:
+    sampler = torch.utils.data.BatchSampler(range(10), batch_size=4, drop_last=False)
+    ours = asyncload.DataLoader(_TypeEcho(), sampler=sampler, batch_size=None, num_workers=1)
+    theirs = torch.utils.data.DataLoader(_TypeEcho(), sampler=sampler, batch_size=None)
+    assert list(ours) == list(theirs) == ["list:[0, 1, 2, 3]", "list:[4, 5, 6, 7]", "list:[8, 9]"]
+
+
+class _TypeEcho(torch.utils.data.Dataset[str]):
+    def __len__(self) -> int:
+        return 10
+
+    def __getitem__(self, index: Any) -> str:
+        return f"{type(index).__name__}:{index}"
+
+
+def test_ranks_reshuffle_every_pass_without_set_epoch(
+    http_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    base = put_numbers(http_server, 64)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    loader = asyncload.DataLoader(Numbers(base, 64), batch_size=8, shuffle=True)
+    first = [i for b in loader for i in b.tolist()]
+    second = [i for b in loader for i in b.tolist()]
+    assert len(set(first)) == len(first) == 32  # half the data for rank 0, each index once
+    assert len(set(second)) == len(second) == 32
+    assert first != second  # a new shuffle, as torch's RandomSampler would give

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,16 @@ import pytest
 
 import asyncload
 
-from ._datasets import Numbers, Segfault, Sleepy, SyncNumbers, put_numbers
+from ._datasets import (
+    BigTensors,
+    CancelsItself,
+    Numbers,
+    Segfault,
+    Sleepy,
+    Stuck,
+    SyncNumbers,
+    put_numbers,
+)
 from ._procs import worker_processes
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
@@ -142,15 +152,35 @@ def test_persistent_workers_survive_epochs_and_go_with_the_loader() -> None:
     del loader, it
 
 
-def test_persistent_workers_restart_after_a_failed_pass(http_server: Any) -> None:
+def test_persistent_workers_carry_on_after_a_failed_batch(http_server: Any) -> None:
     base = put_numbers(http_server, 20)
-    dataset = Numbers(base, 20, fail_on=(5,))
-    loader = asyncload.DataLoader(dataset, batch_size=4, num_workers=2, persistent_workers=True)
-    with pytest.raises(ValueError, match="bad sample 5"):
-        _drain(loader)
-    dataset.fail_on = dataset.fail_on[:0]  # fixed: the next pass runs on fresh workers
-    assert sorted(i for b in loader for i in b.tolist()) == list(range(20))
+    loader = asyncload.DataLoader(
+        Numbers(base, 20, fail_on=(5,)), batch_size=4, num_workers=2, persistent_workers=True
+    )
+    pids = None
+    for _epoch in range(2):
+        seen, errors = _collect_skipping_errors(loader)
+        assert errors == 1
+        assert seen == [i for i in range(20) if not 4 <= i < 8]
+        assert loader._persistent_iter is not None
+        now = [w.pid for w in loader._persistent_iter._workers]
+        assert pids is None or now == pids  # the same workers, as in torch
+        pids = now
     del loader
+
+
+def _collect_skipping_errors(loader: Any) -> tuple[list[int], int]:
+    seen: list[int] = []
+    errors = 0
+    it = iter(loader)
+    for _ in range(50):  # bounded
+        try:
+            seen.extend(next(it).tolist())
+        except StopIteration:
+            break
+        except ValueError:
+            errors += 1
+    return seen, errors
 
 
 def test_unpicklable_dataset_error_names_the_attribute() -> None:
@@ -275,3 +305,114 @@ def test_file_descriptor_limit_gives_a_clear_error_not_a_hang(
     assert "ConnectError:" in out.stdout, out.stdout + out.stderr
     assert "ran out of file descriptors" in out.stdout
     assert "max_concurrency" in out.stdout
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_failed_batch_does_not_end_the_pass(http_server: Any, num_workers: int) -> None:
+    base = put_numbers(http_server, 40)
+    loader = asyncload.DataLoader(
+        Numbers(base, 40, fail_on=(5,)), batch_size=4, num_workers=num_workers
+    )
+    seen, errors = _collect_skipping_errors(loader)  # as with torch: catch it, carry on
+    assert errors == 1
+    assert seen == [i for i in range(40) if not 4 <= i < 8]
+
+
+def test_dataset_raising_cancelled_error_is_a_sample_error_not_a_hang() -> None:
+    for num_workers in (0, 1):
+        loader = asyncload.DataLoader(
+            CancelsItself(20, bad=5), batch_size=4, num_workers=num_workers, timeout=20
+        )
+        with pytest.raises(RuntimeError, match="cancelled from inside") as info:
+            _drain(loader)
+        assert not isinstance(info.value, asyncload.BatchTimeout)
+
+
+def test_shutdown_is_prompt_while_every_fetch_slot_is_stuck() -> None:
+    before = set(threading.enumerate())
+    loader = asyncload.DataLoader(
+        Stuck(), batch_size=2, num_workers=0, max_concurrency=4, timeout=1
+    )
+    t0 = time.monotonic()
+    with pytest.raises(asyncload.BatchTimeout):
+        _drain(loader)
+    assert time.monotonic() - t0 < 4  # the 1 s timeout, then a shutdown that doesn't wait 5 s
+    loop_threads = [t for t in set(threading.enumerate()) - before if t.name == "asyncload-loop"]
+    assert not loop_threads
+
+
+def test_worker_killed_while_its_shared_memory_batches_queue_up() -> None:
+    loader = asyncload.DataLoader(BigTensors(), batch_size=8, num_workers=2)
+    it = iter(loader)
+    next(it)
+    time.sleep(1.0)  # the workers fill the result queue with shared-memory batches
+    victim = it._workers[1].pid
+    os.kill(victim, signal.SIGKILL)
+    with pytest.raises(asyncload.WorkerError, match=rf"pid {victim}.*SIGKILL"):
+        _drain(it)
+
+
+def test_persistent_loader_recovers_from_a_worker_killed_between_epochs() -> None:
+    loader = asyncload.DataLoader(
+        SyncNumbers(20), batch_size=4, num_workers=2, persistent_workers=True
+    )
+    assert len(list(loader)) == 5
+    assert loader._persistent_iter is not None
+    os.kill(loader._persistent_iter._workers[0].pid, signal.SIGKILL)
+    time.sleep(0.3)
+    with pytest.raises(asyncload.WorkerError):
+        list(loader)
+    assert len(list(loader)) == 5  # fresh workers
+    del loader
+
+
+_ORPHAN_SCRIPT = textwrap.dedent(
+    """
+    import sys, time
+    sys.path.insert(0, {root!r})
+    import asyncload
+    from tests._datasets import {dataset}
+
+    if __name__ == "__main__":
+        loader = asyncload.DataLoader({make}, batch_size=4, num_workers=2, max_concurrency=4)
+        it = iter(loader)
+        {first}
+        print(" ".join(str(w.pid) for w in it._workers), flush=True)
+        time.sleep(600)  # stop reading: the result pipe fills, or every fetch stays stuck
+    """
+)
+
+
+@pytest.mark.parametrize(
+    ("dataset", "make", "first"),
+    [
+        ("Blobs", "Blobs(10**6, 8192)", "next(it)"),
+        ("Stuck", "Stuck()", "pass"),
+    ],
+)
+def test_workers_exit_when_their_parent_dies_while_blocked(
+    tmp_path: Path, dataset: str, make: str, first: str
+) -> None:
+    script = tmp_path / "orphan.py"
+    root = str(Path(__file__).parent.parent)
+    script.write_text(_ORPHAN_SCRIPT.format(root=root, dataset=dataset, make=make, first=first))
+    with subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as proc:
+        try:
+            assert proc.stdout is not None
+            pids = [int(p) for p in proc.stdout.readline().split()]
+            assert len(pids) == 2
+            time.sleep(1.5)  # let the pipe fill / the fetches get stuck
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.communicate(timeout=15)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    deadline = time.monotonic() + 10
+    alive = pids
+    while alive and time.monotonic() < deadline:
+        alive = [p for p in pids if _running(p)]
+        time.sleep(0.1)
+    assert not alive, f"workers {alive} outlived their killed parent"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -94,6 +95,11 @@ class Engine:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._iter_requests: asyncio.Queue[IterTask] = asyncio.Queue()
         self._iter_task: asyncio.Task[None] | None = None
+        # Index batches wait here for the starter task, so that control messages (Resume,
+        # Shutdown) are handled at once even while every fetch slot is taken.
+        self._batches: asyncio.Queue[IndexTask] = asyncio.Queue()
+        self._starter: asyncio.Task[None] | None = None
+        self._cancelling = False  # True while the engine itself cancels its tasks
         self._last_stats = 0.0
         self._skip = cfg.skip
 
@@ -114,7 +120,9 @@ class Engine:
                 msg = await inbox.get()
                 if isinstance(msg, IndexTask):
                     if msg.generation == self._generation:
-                        await self._start_batch(msg)
+                        if self._starter is None:
+                            self._starter = asyncio.get_running_loop().create_task(self._start())
+                        self._batches.put_nowait(msg)
                 elif isinstance(msg, IterTask):
                     if msg.generation == self._generation:
                         self._ensure_iterating()
@@ -135,15 +143,22 @@ class Engine:
 
     async def _cancel_all(self) -> None:
         tasks = list(self._tasks)
-        if self._iter_task is not None:
-            tasks.append(self._iter_task)
-            self._iter_task = None
-        for t in tasks:
-            t.cancel()
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
+        for attr in ("_iter_task", "_starter"):
+            task = getattr(self, attr)
+            if task is not None:
+                tasks.append(task)
+                setattr(self, attr, None)
+        self._cancelling = True
+        try:
+            for t in tasks:
+                t.cancel()
+            if tasks:
+                await asyncio.gather(*tasks, return_exceptions=True)
+        finally:
+            self._cancelling = False
         self._tasks.clear()
         self._iter_requests = asyncio.Queue()
+        self._batches = asyncio.Queue()
         self._sem = asyncio.Semaphore(self.cfg.max_concurrency)
         _stats.recorder.in_flight = 0
 
@@ -179,6 +194,22 @@ class Engine:
 
     # ── map-style ──────────────────────────────────────────────────────────────────────────
 
+    async def _start(self) -> None:
+        while True:
+            await self._start_batch(await self._batches.get())
+
+    def _cancelled_by_user_code(self, exc: asyncio.CancelledError) -> Exception | None:
+        """A CancelledError the engine did not cause (raised by the dataset, or by a task it
+        awaited) is a failure of that sample; one the engine caused must propagate."""
+        if self._cancelling:
+            return None
+        task = asyncio.current_task()
+        if task is not None and sys.version_info >= (3, 11) and task.cancelling():
+            return None
+        error = RuntimeError(f"the sample's coroutine was cancelled from inside: {exc!r}")
+        error.__cause__ = exc
+        return error
+
     async def _start_batch(self, task: IndexTask) -> None:
         indices = task.indices
         if not self.cfg.auto_collation:
@@ -204,10 +235,15 @@ class Engine:
         t0 = time.perf_counter()
         try:
             sample = await self._fetch(index)
-        except Exception as exc:
+        except (Exception, asyncio.CancelledError) as exc:
+            error = exc
+            if isinstance(exc, asyncio.CancelledError):
+                error = self._cancelled_by_user_code(exc)  # type: ignore[assignment]
+                if error is None:
+                    raise
             if not batch.failed:
                 batch.failed = True
-                self._fail(batch.task.send_idx, exc, index)
+                self._fail(batch.task.send_idx, error, index)
             return
         finally:
             self._sem.release()
@@ -279,8 +315,13 @@ class Engine:
                 else:
                     _stats.recorder.note_sample(0.0)
                     await ahead.put(item)
-        except Exception as exc:
-            await ahead.put(_Raised(exc))
+        except (Exception, asyncio.CancelledError) as exc:
+            error = exc
+            if isinstance(exc, asyncio.CancelledError):
+                error = self._cancelled_by_user_code(exc)  # type: ignore[assignment]
+                if error is None:
+                    raise
+            await ahead.put(_Raised(error))  # type: ignore[arg-type]
             return
         await ahead.put(end)
 
@@ -288,6 +329,11 @@ class Engine:
         t0 = time.perf_counter()
         try:
             result = await aw
+        except asyncio.CancelledError as exc:
+            error = self._cancelled_by_user_code(exc)
+            if error is None:
+                raise
+            raise error from exc
         finally:
             self._sem.release()
             _stats.recorder.in_flight -= 1

@@ -89,6 +89,14 @@ class Tally:
         )
 
 
+class _SampleFailed(Exception):
+    """Carries a batch's error out of ``_next_data`` without ending the pass."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__()
+        self.error = error
+
+
 _SKIP = object()  # a reorder-buffer slot whose task produced nothing (iterable exhausted)
 
 
@@ -96,6 +104,11 @@ class LoaderIter:
     """One pass (or, with persistent workers, every pass) over a DataLoader."""
 
     def __init__(self, loader: DataLoader[Any]) -> None:
+        # First, so that __del__ → _shutdown works whatever point __init__ fails at.
+        self._shut = False
+        self._lock = threading.Lock()
+        self._workers: list[Any] = []
+        self._pin_thread: PinMemoryThread | None = None
         # No reference to the loader: it holds persistent iterators, and a cycle would keep
         # workers alive until the garbage collector runs.
         self._dataset = loader.dataset
@@ -112,8 +125,6 @@ class LoaderIter:
         self._max_outstanding = loader._outstanding_per_worker * self._num_workers
         self._generation = 0
         self._last_check = time.monotonic()
-        self._shut = False
-        self._lock = threading.Lock()
 
         if loader.pin_memory and loader.pin_memory_device:
             warnings.warn(
@@ -128,15 +139,18 @@ class LoaderIter:
         self._generator = loader.generator
         resume, loader._resume = loader._resume, None
         self._resume = resume
-        if resume is not None:
+        # Torch draws the workers' base seed before the sampler draws its own randomness; a
+        # checkpoint records the RNG state between the two, which is where every pass's sampler
+        # starts (persistent workers draw no new base seed), so a restore replays the sampler.
+        if resume is None:
+            self._base_seed = int(
+                torch.empty((), dtype=torch.int64).random_(generator=loader.generator).item()
+            )
+        else:
+            self._base_seed = resume.base_seed
             restore_rng(self._generator, resume.rng)
         self._rng_state = capture_rng(self._generator)
         self._sampler_iter: Iterator[Any] = iter(self._index_sampler)
-        self._base_seed = int(
-            torch.empty((), dtype=torch.int64).random_(generator=loader.generator).item()
-        )
-        if resume is not None:
-            self._base_seed = resume.base_seed
         per_batch = loader.batch_size if self._auto_collation and loader.batch_size else 1
         skips = [0] * self._num_workers
         if resume is not None and self._is_iterable:
@@ -167,8 +181,6 @@ class LoaderIter:
             )
             for i in range(self._num_workers)
         ]
-        self._workers: list[Any] = []
-        self._pin_thread: PinMemoryThread | None = None
         _live.add(self)
         if self._process_mode:
             self._start_processes(loader, configs)
@@ -239,7 +251,14 @@ class LoaderIter:
                     acks += 1
         resume = self._resume
         # send_idx is the batch's ordinal in the pass, also across a checkpoint and restore.
-        self._progress = resume.progress if resume is not None else Progress(self._num_workers)
+        if resume is None:
+            self._progress = Progress(self._num_workers)
+        elif self._is_iterable:  # only the per-worker counts matter; ordinals restart at 0
+            self._progress = Progress(
+                self._num_workers, worker_batches=list(resume.progress.worker_batches)
+            )
+        else:
+            self._progress = resume.progress
         self._send_idx = 0
         self._rcvd_idx = 0
         self._pending: dict[int, int] = {}  # send_idx → worker id, sent and not yet answered
@@ -285,6 +304,10 @@ class LoaderIter:
             if not self._persistent:
                 self._shutdown()
             raise
+        except _SampleFailed as failed:
+            # One batch failed in the dataset or collate_fn: the workers are fine and the pass
+            # goes on, as in torch (catch it and call next() again).
+            raise failed.error from failed.error.__cause__
         except BaseException:
             self._shutdown()
             raise
@@ -316,7 +339,11 @@ class LoaderIter:
         if self._is_iterable:
             msg: object = IterTask(self._send_idx, self._generation)
         else:
-            msg = IndexTask(self._send_idx, self._generation, _compact(index))
+            # Only index *batches* become arrays; with batch_size=None the dataset gets the
+            # sampler's element unchanged, as in torch (a list stays a list).
+            msg = IndexTask(
+                self._send_idx, self._generation, _compact(index) if self._auto_collation else index
+            )
         self._send(worker_id, msg)
         self._pending[self._send_idx] = worker_id
         if self._timeout > 0 and not self._is_iterable:  # to name stuck samples on a timeout
@@ -360,13 +387,12 @@ class LoaderIter:
                 return self._unwrap(reply)
 
     def _unwrap(self, msg: Result | Failure) -> Any:
-        if isinstance(msg, Failure):
-            msg.error.reraise()
+        # A failed batch counts as consumed: the training loop saw its error.
         self._progress.mark(msg.send_idx, msg.worker_id if self._is_iterable else None)
-        if self._pin_device is not None and not self._process_mode:
+        if self._pin_device is not None and not self._process_mode and isinstance(msg, Result):
             msg = pin(msg, self._pin_device)
-            if isinstance(msg, Failure):
-                msg.error.reraise()
+        if isinstance(msg, Failure):
+            raise _SampleFailed(msg.error.exception())
         return msg.data
 
     def checkpoint(self, epoch: int | None) -> ResumePoint:
@@ -399,6 +425,16 @@ class LoaderIter:
                 msg = unpack(self._replies.get(timeout=wait))
             except queue.Empty:
                 msg = None
+            except Exception as exc:
+                # Unpickling asks the sending worker for its shared memory: if that worker
+                # just died, say so (with its pid and signal) rather than "connection reset".
+                self._raise_if_a_worker_died(exc)
+                raise
+            if isinstance(msg, BaseException):  # the pin-memory thread could not unpack
+                self._raise_if_a_worker_died(msg)
+                raise msg
+            if isinstance(msg, Failure):
+                return msg  # before the liveness check: a worker may exit right after it
             now = time.monotonic()
             # Also while replies flow: other workers' batches must not hide a dead one.
             if msg is None or now - self._last_check >= POLL_INTERVAL:
@@ -426,6 +462,17 @@ class LoaderIter:
             shown = indices.tolist() if isinstance(indices, np.ndarray) else indices
             text += f" (sample indices {shown!r})"
         return text
+
+    def _raise_if_a_worker_died(self, cause: BaseException) -> None:
+        deadline = time.monotonic() + 1.0
+        while True:  # a worker killed a moment ago may not have been reaped yet
+            try:
+                self._check_alive()
+            except WorkerError as exc:
+                raise exc from cause
+            if time.monotonic() >= deadline:
+                return
+            time.sleep(0.05)
 
     def _check_alive(self) -> None:
         if self._pin_thread is not None and not self._pin_thread.is_alive():
@@ -467,7 +514,7 @@ class LoaderIter:
         tally = getattr(self, "tally", None)  # absent if __init__ failed early
         if tally is not None and tally.ended is None:
             tally.ended = time.monotonic()
-        if not self._process_mode:
+        if not getattr(self, "_process_mode", True):
             for w in self._workers:
                 w.send(Shutdown())
             for w in self._workers:

@@ -86,9 +86,13 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
         extra = {"in_order": in_order} if _HAS_IN_ORDER else {}
         rank, world = _sharding.rank_and_world_size()
         is_iterable = isinstance(dataset, torch.utils.data.IterableDataset)
+        # Under torchrun each rank must see its own share: DistributedSampler's split (padding
+        # by repetition, or dropping the tail with drop_last=True). Without set_epoch() calls
+        # the loader advances its epoch every pass, so shuffle=True reshuffles as torch's
+        # RandomSampler would.
+        self._auto_epoch: int | None = None
         if world > 1 and not is_iterable and sampler is None and batch_sampler is None:
-            # Under torchrun each rank must see its own share: DistributedSampler's split
-            # (padding by repetition, or dropping the tail with drop_last=True).
+            self._auto_epoch = 0
             sampler = torch.utils.data.DistributedSampler(
                 dataset,
                 num_replicas=world,
@@ -147,6 +151,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
         Persistent workers receive the new epoch before the next pass.
         """
         self._epoch = epoch
+        self._auto_epoch = None  # the caller keeps count from now on
         seen: set[int] = set()
         batch_sampler_sampler = getattr(self.batch_sampler, "sampler", None)
         for obj in (self.sampler, self.batch_sampler, batch_sampler_sampler, self.dataset):
@@ -184,7 +189,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
                 finished=True,
             )
             return it_point.to_dict()
-        return it.checkpoint(self._epoch).to_dict()
+        return it.checkpoint(getattr(self, "_epoch_of_pass", self._epoch)).to_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue the pass recorded by :meth:`state_dict` at the next ``iter(loader)``.
@@ -197,20 +202,33 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
             iterable=isinstance(self.dataset, torch.utils.data.IterableDataset),
             num_workers=self.num_workers,
         )
-        if point.epoch is not None:
+        if point.epoch is not None and self._auto_epoch is not None:
+            self._auto_epoch = point.epoch  # the next pass is that epoch again, then onwards
+        elif point.epoch is not None:
             self.set_epoch(point.epoch)
         if self._persistent_iter is not None:  # its workers are mid-pass: start afresh
             self._persistent_iter._shutdown()
             self._persistent_iter = None
         self._resume = None if point.finished else point
+        self._live_iter = None  # state_dict() now reports what was loaded, not an old pass
 
     def __iter__(self) -> LoaderIter:  # type: ignore[override]
+        if self._auto_epoch is not None:
+            self.sampler.set_epoch(self._auto_epoch)  # type: ignore[attr-defined]
+            self._epoch_of_pass: int | None = self._auto_epoch
+            self._auto_epoch += 1
+        else:
+            self._epoch_of_pass = self._epoch
         if self.persistent_workers and self.num_workers > 0:
             # A pass that ended in an error shut its workers down: start new ones.
             if self._persistent_iter is None or self._persistent_iter.is_shut_down:
                 self._persistent_iter = self._get_iterator()
             else:
-                self._persistent_iter._reset(first=False, epoch=self._epoch)
+                try:
+                    self._persistent_iter._reset(first=False, epoch=self._epoch)
+                except BaseException:  # e.g. a worker died between epochs: next time, new ones
+                    self._persistent_iter._shutdown()
+                    raise
             self._tally = self._persistent_iter.tally
             return self._persistent_iter
         return self._get_iterator()

@@ -66,7 +66,11 @@ class PinMemoryThread:
                 continue
             except (EOFError, OSError):  # queue closed under us during shutdown
                 return
-            self.out.put(pin(unpack(msg), self._device))
+            try:
+                reply: Any = pin(unpack(msg), self._device)
+            except Exception as exc:  # e.g. its worker died mid-transfer: the reader decides
+                reply = exc
+            self.out.put(reply)
 
     def is_alive(self) -> bool:
         return self._thread.is_alive()

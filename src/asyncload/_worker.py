@@ -16,6 +16,7 @@ import queue
 import random
 import signal
 import threading
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -104,6 +105,7 @@ def _reader(
     inbox: asyncio.Queue[object],
     done_event: Any,
     main_pid: int,
+    orphaned: threading.Event,
 ) -> None:
     """Forward tasks from the index queue into the loop; watch for the parent's death."""
     ppid = os.getppid()
@@ -111,11 +113,18 @@ def _reader(
         try:
             msg = index_queue.get(timeout=POLL_INTERVAL)
         except queue.Empty:
-            if done_event.is_set() or not _parent_alive(main_pid, ppid):
+            if done_event.is_set():
+                msg = Shutdown()
+            elif not _parent_alive(main_pid, ppid):
+                orphaned.set()
                 msg = Shutdown()
             else:
                 continue
-        except (EOFError, OSError):
+        except (EOFError, OSError):  # the main process closed its end: it is gone
+            orphaned.set()
+            msg = Shutdown()
+        except Exception:  # a task that can't be unpickled: stop, the main process reports it
+            traceback.print_exc()
             msg = Shutdown()
         try:
             loop.call_soon_threadsafe(inbox.put_nowait, msg)
@@ -139,8 +148,12 @@ def worker_main(cfg: WorkerConfig, index_queue: Any, result_queue: Any, done_eve
         os.environ.clear()
         os.environ.update(cfg.environ)
 
+    # Set when the main process died: nobody reads the results any more, so a full pipe must
+    # not keep this process alive (NOTE [ Data flow and shutdown ]).
+    orphaned = threading.Event()
+
     def put(msg: object) -> None:
-        if not done_event.is_set():
+        if not done_event.is_set() and not orphaned.is_set():
             result_queue.put(pack(msg) if isinstance(msg, Result) else msg)
 
     try:
@@ -150,7 +163,7 @@ def worker_main(cfg: WorkerConfig, index_queue: Any, result_queue: Any, done_eve
             cfg.worker_init_fn(cfg.worker_id)
     except Exception as exc:
         put(Failure(-1, 0, cfg.worker_id, RemoteError.capture(exc, f"{where} during start-up")))
-        _finish_queue(result_queue, done_event)
+        _finish_queue(result_queue, done_event.is_set())
         return
 
     loop = new_event_loop()
@@ -164,7 +177,7 @@ def worker_main(cfg: WorkerConfig, index_queue: Any, result_queue: Any, done_eve
         inbox: asyncio.Queue[object] = asyncio.Queue()
         reader = threading.Thread(
             target=_reader,
-            args=(index_queue, loop, inbox, done_event, cfg.main_pid),
+            args=(index_queue, loop, inbox, done_event, cfg.main_pid, orphaned),
             name="asyncload-reader",
             daemon=True,
         )
@@ -176,16 +189,20 @@ def worker_main(cfg: WorkerConfig, index_queue: Any, result_queue: Any, done_eve
         finally:
             pool.shutdown(wait=False, cancel_futures=True)
             loop.close()
-            _finish_queue(result_queue, done_event)
+            _finish_queue(result_queue, done_event.is_set() or orphaned.is_set())
+    if orphaned.is_set():
+        # No one will terminate us: don't wait at exit for a thread-pool fetch that may block
+        # for ever (a sync __getitem__ stuck in I/O).
+        os._exit(0)
 
 
 async def _make_engine(cfg: WorkerConfig, put: Callable[[object], None], where: str) -> Engine:
     return Engine(cfg, put, where)  # created inside the loop: its primitives bind to it
 
 
-def _finish_queue(result_queue: Any, done_event: Any) -> None:
+def _finish_queue(result_queue: Any, abandoned: bool) -> None:
     # After shutdown nobody reads the result queue: don't let its feeder thread block our exit.
-    if done_event.is_set():
+    if abandoned:
         result_queue.cancel_join_thread()
     result_queue.close()
 
