@@ -215,3 +215,28 @@ class Stuck(asyncload.Dataset[int]):
         if index:
             await asyncio.sleep(3600)
         return index
+
+
+class Batched(torch.utils.data.Dataset[str]):
+    """Defines __getitems__ as Hugging Face datasets do: torch calls it once per batch."""
+
+    def __len__(self) -> int:
+        return 10
+
+    def __getitem__(self, index: int) -> str:
+        return f"one:{index}"
+
+    def __getitems__(self, indices: list[int]) -> list[str]:
+        return [f"batch{len(indices)}:{i}" for i in indices]
+
+
+class AsyncBatched(asyncload.Dataset[str]):
+    def __len__(self) -> int:
+        return 10
+
+    async def __getitem__(self, index: int) -> str:
+        return f"one:{index}"
+
+    async def __getitems__(self, indices: list[int]) -> list[str]:
+        await asyncio.sleep(0)
+        return [f"batch{len(indices)}:{i}" for i in indices]

@@ -15,6 +15,8 @@ import torch.utils.data
 import asyncload
 
 from ._datasets import (
+    AsyncBatched,
+    Batched,
     InFlight,
     Numbers,
     ShardedNumbers,
@@ -308,3 +310,22 @@ def test_connection_pool_admits_max_concurrency(http_server: Any, num_workers: i
     # More than the storage layer's default pool of 64 reached the server at once.
     assert http_server.peak_active > 64, http_server.peak_active
     assert http_server.peak_active <= 100
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_getitems_is_called_per_batch_as_torch_does(num_workers: int) -> None:
+    expected = _as_lists(torch.utils.data.DataLoader(Batched(), batch_size=4, collate_fn=list))
+    assert expected[0] == ["batch4:0", "batch4:1", "batch4:2", "batch4:3"]
+    for ds in (Batched(), AsyncBatched()):
+        loader = asyncload.DataLoader(ds, batch_size=4, num_workers=num_workers, collate_fn=list)
+        assert _as_lists(loader) == expected
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_subset_and_concat_of_async_datasets(http_server: Any, num_workers: int) -> None:
+    base = put_numbers(http_server, 30)
+    subset = torch.utils.data.Subset(Numbers(base, 30), [29, 3, 7, 11, 0])
+    concat = torch.utils.data.ConcatDataset([Numbers(base, 30), subset])
+    got = _as_lists(asyncload.DataLoader(concat, batch_size=7, num_workers=num_workers))
+    plain = torch.utils.data.ConcatDataset([list(range(30)), [29, 3, 7, 11, 0]])
+    assert got == _as_lists(torch.utils.data.DataLoader(plain, batch_size=7))

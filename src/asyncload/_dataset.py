@@ -13,13 +13,14 @@ to two coroutine shapes with :func:`fetcher_for` and :func:`aiter_for`:
 from __future__ import annotations
 
 import asyncio
+import bisect
 import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any, Generic, TypeVar
 
 import torch.utils.data
 
-__all__ = ["Dataset", "IterableDataset", "aiter_for", "fetcher_for", "is_async_dataset"]
+__all__ = ["Dataset", "IterableDataset", "aiter_for", "batch_fetcher_for", "fetcher_for"]
 
 T_co = TypeVar("T_co", covariant=True)
 
@@ -75,18 +76,27 @@ class IterableDataset(torch.utils.data.IterableDataset[T_co], Generic[T_co]):
         )
 
 
-def is_async_dataset(dataset: object) -> bool:
-    """True when the dataset's items come from coroutines (async getitem or async iterator)."""
-    getitem = getattr(type(dataset), "__getitem__", None)
-    return inspect.iscoroutinefunction(getitem) or hasattr(dataset, "__aiter__")
-
-
 def fetcher_for(dataset: Any) -> Callable[[Any], Awaitable[Any]]:
     """Return ``async fetch(index)`` for a map-style dataset of either kind.
 
     A synchronous ``__getitem__`` runs in the running loop's default executor, which the worker
-    sets to its thread pool.
+    sets to its thread pool. torch's ``Subset`` and ``ConcatDataset`` are looked through, so
+    that the async datasets inside them are awaited on the loop rather than from a thread.
     """
+    if isinstance(dataset, torch.utils.data.Subset):
+        inner, indices = fetcher_for(dataset.dataset), dataset.indices
+        return lambda index: inner(indices[index])
+    if isinstance(dataset, torch.utils.data.ConcatDataset):
+        parts = [fetcher_for(d) for d in dataset.datasets]
+        ends = dataset.cumulative_sizes
+
+        def concat_fetch(index: Any) -> Awaitable[Any]:
+            if index < 0:
+                index += len(dataset)
+            part = bisect.bisect_right(ends, index)
+            return parts[part](index - (ends[part - 1] if part else 0))
+
+        return concat_fetch
     getitem = type(dataset).__getitem__
     if inspect.iscoroutinefunction(getitem):
         return dataset.__getitem__  # type: ignore[no-any-return]
@@ -96,6 +106,25 @@ def fetcher_for(dataset: Any) -> Callable[[Any], Awaitable[Any]]:
         if inspect.isawaitable(result):
             result = await result
         return result
+
+    return fetch_in_thread
+
+
+def batch_fetcher_for(dataset: Any) -> Callable[[list[Any]], Awaitable[list[Any]]] | None:
+    """``async fetch(indices)`` when the dataset defines ``__getitems__`` (torch's batched
+    access, which Hugging Face datasets implement), else ``None``."""
+    getitems = getattr(type(dataset), "__getitems__", None)
+    if getitems is None or isinstance(
+        dataset, (torch.utils.data.Subset, torch.utils.data.ConcatDataset)
+    ):
+        return None  # looked through per sample by fetcher_for
+    if inspect.iscoroutinefunction(getitems):
+        return dataset.__getitems__  # type: ignore[no-any-return]
+
+    async def fetch_in_thread(indices: list[Any]) -> list[Any]:
+        loop = asyncio.get_running_loop()
+        result = await loop.run_in_executor(None, getitems, dataset, indices)
+        return [await r if inspect.isawaitable(r) else r for r in result]
 
     return fetch_in_thread
 

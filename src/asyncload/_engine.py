@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from . import _stats
-from ._dataset import aiter_for, fetcher_for
+from ._dataset import aiter_for, batch_fetcher_for, fetcher_for
 from ._protocol import (
     Exhausted,
     Failure,
@@ -90,6 +90,11 @@ class Engine:
         self._put = put
         self._where = where
         self._fetch = None if cfg.is_iterable else fetcher_for(cfg.dataset)
+        # torch calls __getitems__ for a whole batch when a dataset defines it; so do we, as
+        # one unit of concurrency per batch.
+        self._fetch_batch = (
+            batch_fetcher_for(cfg.dataset) if not cfg.is_iterable and cfg.auto_collation else None
+        )
         self._generation = 0
         self._sem = asyncio.Semaphore(cfg.max_concurrency)
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -220,6 +225,11 @@ class Engine:
         if not indices:
             self._deliver(task.send_idx, [])
             return
+        if self._fetch_batch is not None:
+            await self._sem.acquire()
+            _stats.recorder.in_flight += 1
+            self._spawn(self._fetch_many(batch, indices))
+            return
         for pos, index in enumerate(indices):
             # Waiting here is the backpressure: the next batch starts as soon as slots free up,
             # before this one completes.
@@ -229,6 +239,26 @@ class Engine:
                 return
             _stats.recorder.in_flight += 1
             self._spawn(self._fetch_one(batch, pos, index))
+
+    async def _fetch_many(self, batch: _Batch, indices: list[Any]) -> None:
+        assert self._fetch_batch is not None
+        t0 = time.perf_counter()
+        try:
+            samples = await self._fetch_batch(indices)
+            if len(samples) != len(indices):
+                raise ValueError(
+                    f"__getitems__ returned {len(samples)} samples for {len(indices)} indices"
+                )
+        except Exception as exc:
+            self._fail(batch.task.send_idx, exc, indices)
+            return
+        finally:
+            self._sem.release()
+            _stats.recorder.in_flight -= 1
+        per_sample = (time.perf_counter() - t0) / len(indices)
+        for _ in indices:
+            _stats.recorder.note_sample(per_sample)
+        self._deliver(batch.task.send_idx, list(samples))
 
     async def _fetch_one(self, batch: _Batch, pos: int, index: Any) -> None:
         assert self._fetch is not None
