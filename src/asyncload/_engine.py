@@ -176,7 +176,12 @@ class Engine:
 
     def _fail(self, send_idx: int, exc: BaseException, index: Any = None) -> None:
         _stats.note_error(type(exc).__name__)
-        where = self._where if index is None else f"{self._where} while fetching sample {index!r}"
+        if index is None:
+            where = f"{self._where} while producing batch {send_idx}"
+        elif isinstance(index, list):
+            where = f"{self._where} while fetching samples {index!r}"
+        else:
+            where = f"{self._where} while fetching sample {index!r}"
         self._put(
             Failure(
                 send_idx,
