@@ -36,7 +36,7 @@ REPEATS = 3
 # (label, shards, samples per shard, payload bytes per sample)
 SHAPES = [
     ("64 shards × 100 × 10 KB", 64, 100, 10_000),
-    ("16 shards × 1,000 × 10 KB", 16, 1000, 10_000),
+    ("48 shards × 1,000 × 10 KB", 48, 1000, 10_000),
 ]
 
 

@@ -86,6 +86,15 @@ class _Buffer:
         self._off = 0
         self.consumed = 0  # bytes handed out so far: the shard offset of the next byte
 
+    async def skip(self, n: int) -> int:
+        """Pass over *n* bytes without copying them; returns how many there were."""
+        end = self._off + n
+        if end <= len(self._chunk):  # the common case: block padding inside the chunk
+            self._off = end
+            self.consumed += n
+            return n
+        return len(await self.read(n))
+
     async def read(self, n: int) -> bytes:
         """Exactly *n* bytes, or fewer only at the end of the stream."""
         end = self._off + n
@@ -125,7 +134,7 @@ def _number(field: bytes, url: str, offset: int) -> int:
         if field[0] & 0x40:  # negative numbers never describe a size we accept
             raise _error(url, offset, "negative base-256 number in tar header")
         return value
-    text = field.split(b"\0", 1)[0].strip(b" ")
+    text = field.partition(b"\0")[0].strip(b" ")
     if not text:
         return 0
     try:
@@ -181,7 +190,7 @@ def unsafe_reason(member: Member) -> str | None:
         return f"empty or NUL-containing member name {name!r}"
     if name.startswith(("/", "\\")) or (len(name) > 1 and name[1] == ":"):
         return f"absolute member path {name!r}"
-    if ".." in name.replace("\\", "/").split("/"):
+    if ".." in name and ".." in name.replace("\\", "/").split("/"):
         return f"member path {name!r} escapes the archive with '..'"
     return None
 
@@ -224,7 +233,7 @@ async def iter_members(chunks: AsyncIterator[bytes], url: str) -> AsyncGenerator
         if len(data) < size:
             raise _error(url, offset, f"tar member truncated ({len(data)} of {size} bytes)")
         padding = -size % BLOCK
-        if padding and len(await buf.read(padding)) < padding:
+        if padding and await buf.skip(padding) < padding:
             raise _error(url, offset, "tar member padding truncated")
 
         if flag in (b"x", b"g"):
