@@ -416,3 +416,38 @@ def test_workers_exit_when_their_parent_dies_while_blocked(
         alive = [p for p in pids if _running(p)]
         time.sleep(0.1)
     assert not alive, f"workers {alive} outlived their killed parent"
+
+
+_EXIT_SCRIPT = textwrap.dedent(
+    """
+    import sys, warnings
+    sys.path.insert(0, {root!r})
+    warnings.simplefilter("ignore")  # pin_memory without an accelerator warns; not the point
+    import asyncload
+    from tests._datasets import SyncNumbers
+
+    if __name__ == "__main__":
+        loader = asyncload.DataLoader(
+            SyncNumbers(10**6, delay=0.001), batch_size=4, num_workers=2,
+            persistent_workers=True, pin_memory=True,
+        )
+        for _ in loader:
+            break
+        print("done", flush=True)
+    """
+)
+
+
+def test_interpreter_exit_after_break_with_persistent_workers_is_prompt_and_clean(
+    tmp_path: Path,
+) -> None:
+    script = tmp_path / "exit.py"
+    script.write_text(_EXIT_SCRIPT.format(root=str(Path(__file__).parent.parent)))
+    t0 = time.monotonic()
+    out = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "done"
+    assert out.stderr == ""  # no tracebacks, no leaked-semaphore or resource warnings
+    assert time.monotonic() - t0 < 30
