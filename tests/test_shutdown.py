@@ -251,16 +251,22 @@ def test_main_process_death_or_ctrl_c_leaves_no_workers(tmp_path: Path, how: str
             if proc.poll() is None:
                 proc.kill()
                 proc.communicate()
-    deadline = time.monotonic() + 10
-    alive = pids
-    while alive and time.monotonic() < deadline:
-        alive = [p for p in pids if _running(p)]
-        time.sleep(0.1)
+    alive = _wait_gone(pids)
     assert not alive, f"workers {alive} outlived their main process ({how})"
     if how == "SIGINT":
         assert "KeyboardInterrupt" in err
         assert "Exception ignored" not in err, err
         assert "leaked" not in err, err
+
+
+def _wait_gone(pids: list[int], seconds: float = 10) -> list[int]:
+    """The processes of *pids* still running after up to *seconds*."""
+    deadline = time.monotonic() + seconds
+    alive = pids
+    while alive and time.monotonic() < deadline:
+        alive = [p for p in pids if _running(p)]
+        time.sleep(0.1)
+    return alive
 
 
 def _running(pid: int) -> bool:
@@ -410,11 +416,7 @@ def test_workers_exit_when_their_parent_dies_while_blocked(
             if proc.poll() is None:
                 proc.kill()
                 proc.communicate()
-    deadline = time.monotonic() + 10
-    alive = pids
-    while alive and time.monotonic() < deadline:
-        alive = [p for p in pids if _running(p)]
-        time.sleep(0.1)
+    alive = _wait_gone(pids)
     assert not alive, f"workers {alive} outlived their killed parent"
 
 

@@ -208,14 +208,21 @@ class Engine:
         while True:
             await self._start_batch(await self._batches.get())
 
-    def _cancelled_by_user_code(self, exc: asyncio.CancelledError) -> Exception | None:
-        """A CancelledError the engine did not cause (raised by the dataset, or by a task it
-        awaited) is a failure of that sample; one the engine caused must propagate."""
-        if self._cancelling:
-            return None
+    def _as_failure(self, exc: BaseException) -> Exception:
+        """The error to report for a sample that raised *exc*.
+
+        A CancelledError the engine did not cause (raised by the dataset, or by a task it
+        awaited) is a failure of that sample; one the engine caused is re-raised.
+        """
+        if isinstance(exc, Exception):
+            return exc
         task = asyncio.current_task()
-        if task is not None and sys.version_info >= (3, 11) and task.cancelling():
-            return None
+        if (
+            not isinstance(exc, asyncio.CancelledError)
+            or self._cancelling
+            or (task is not None and sys.version_info >= (3, 11) and task.cancelling())
+        ):
+            raise exc
         error = RuntimeError(f"the sample's coroutine was cancelled from inside: {exc!r}")
         error.__cause__ = exc
         return error
@@ -271,11 +278,7 @@ class Engine:
         try:
             sample = await self._fetch(index)
         except (Exception, asyncio.CancelledError) as exc:
-            error = exc
-            if isinstance(exc, asyncio.CancelledError):
-                error = self._cancelled_by_user_code(exc)  # type: ignore[assignment]
-                if error is None:
-                    raise
+            error = self._as_failure(exc)
             if not batch.failed:
                 batch.failed = True
                 self._fail(batch.task.send_idx, error, index)
@@ -351,12 +354,7 @@ class Engine:
                     _stats.recorder.note_sample(0.0)
                     await ahead.put(item)
         except (Exception, asyncio.CancelledError) as exc:
-            error = exc
-            if isinstance(exc, asyncio.CancelledError):
-                error = self._cancelled_by_user_code(exc)  # type: ignore[assignment]
-                if error is None:
-                    raise
-            await ahead.put(_Raised(error))  # type: ignore[arg-type]
+            await ahead.put(_Raised(self._as_failure(exc)))
             return
         await ahead.put(end)
 
@@ -365,10 +363,7 @@ class Engine:
         try:
             result = await aw
         except asyncio.CancelledError as exc:
-            error = self._cancelled_by_user_code(exc)
-            if error is None:
-                raise
-            raise error from exc
+            raise self._as_failure(exc) from exc
         finally:
             self._sem.release()
             _stats.recorder.in_flight -= 1
