@@ -454,8 +454,8 @@ class LoaderIter:
         idx = self._rcvd_idx if self._in_order and self._rcvd_idx in self._pending else None
         if idx is None and self._pending:
             idx = min(self._pending)
-        if idx is None:
-            return "a batch"
+        if idx is None:  # no batch outstanding: a new epoch's acknowledgements
+            return "the workers to start the next epoch"
         text = f"batch {idx} from worker {self._pending[idx]}"
         indices = self._sent_indices.get(idx)
         if indices is not None:
