@@ -240,3 +240,15 @@ class AsyncBatched(asyncload.Dataset[str]):
     async def __getitems__(self, indices: list[int]) -> list[str]:
         await asyncio.sleep(0)
         return [f"batch{len(indices)}:{i}" for i in indices]
+
+
+class FrozenCount(asyncload.Dataset[int]):
+    """Reports how many objects the worker moved out of the cyclic collector's reach."""
+
+    def __len__(self) -> int:
+        return 2
+
+    async def __getitem__(self, index: int) -> int:
+        import gc
+
+        return gc.get_freeze_count()

@@ -11,7 +11,7 @@ import pytest
 import asyncload
 from asyncload._context import resolve_context
 
-from ._datasets import InitMark, init_marks_worker
+from ._datasets import FrozenCount, InitMark, init_marks_worker
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
@@ -61,3 +61,9 @@ def test_workers_see_the_environment_of_the_main_process_now(
     monkeypatch.setenv("ASYNCLOAD_TEST_INIT", "set later")
     loader = asyncload.DataLoader(InitMark(), batch_size=4, num_workers=1)
     assert list(loader) == [["set later"] * 4]
+
+
+def test_workers_freeze_their_start_up_objects_out_of_the_collector() -> None:
+    loader = asyncload.DataLoader(FrozenCount(), batch_size=2, num_workers=1, collate_fn=list)
+    (counts,) = list(loader)
+    assert min(counts) > 10_000  # torch and friends, imported before the loop started

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import gc
 import os
 import queue
 import random
@@ -166,6 +167,11 @@ def worker_main(cfg: WorkerConfig, index_queue: Any, result_queue: Any, done_eve
         _finish_queue(result_queue, done_event.is_set())
         return
 
+    # Everything alive now (torch, the dataset, its URL arrays) lives as long as the worker:
+    # move it out of the cyclic collector's reach. Each full collection would otherwise walk
+    # every object torch created, and writing their headers is copy-on-write under fork.
+    # Measured on the 50 ms benchmark: ~10% less worker CPU per sample.
+    gc.freeze()
     loop = new_event_loop()
     pool = concurrent.futures.ThreadPoolExecutor(
         max_workers=min(32, cfg.max_concurrency), thread_name_prefix=f"asyncload-w{cfg.worker_id}"
