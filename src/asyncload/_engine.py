@@ -261,8 +261,8 @@ class Engine:
                 raise ValueError(
                     f"__getitems__ returned {len(samples)} samples for {len(indices)} indices"
                 )
-        except Exception as exc:
-            self._fail(batch.task.send_idx, exc, indices)
+        except (Exception, asyncio.CancelledError) as exc:
+            self._fail(batch.task.send_idx, self._as_failure(exc), indices)
             return
         finally:
             self._sem.release()

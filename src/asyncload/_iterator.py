@@ -111,7 +111,6 @@ class LoaderIter:
         self._pin_thread: PinMemoryThread | None = None
         # No reference to the loader: it holds persistent iterators, and a cycle would keep
         # workers alive until the garbage collector runs.
-        self._dataset = loader.dataset
         self._len = len(loader) if hasattr(loader.dataset, "__len__") else None
         self._is_iterable = isinstance(loader.dataset, torch.utils.data.IterableDataset)
         self._auto_collation = loader._auto_collation
@@ -159,6 +158,8 @@ class LoaderIter:
         self.tally = Tally(self._num_workers, in_thread=not self._process_mode)
 
         rank, world = _sharding.rank_and_world_size()
+        storage_config = _storage.export_config()
+        environ = dict(os.environ) if self._process_mode else None
         configs = [
             WorkerConfig(
                 worker_id=i,
@@ -174,9 +175,9 @@ class LoaderIter:
                 max_concurrency=loader.max_concurrency,
                 rank=rank,
                 world_size=world,
-                storage_config=_storage.export_config(),
+                storage_config=storage_config,
                 main_pid=os.getpid(),
-                environ=dict(os.environ) if self._process_mode else None,
+                environ=environ,
                 skip=skips[i],
             )
             for i in range(self._num_workers)
@@ -275,8 +276,7 @@ class LoaderIter:
             self._send_idx = self._rcvd_idx = self._progress.watermark
         self._cycle = itertools.islice(itertools.cycle(range(self._num_workers)), start, None)
         self._sampler_done = False
-        while self._try_put_index():
-            pass
+        self._refill()
         # The training loop waits through start-up too (workers, first requests).
         self.tally.wait_s = time.monotonic() - self.tally.started
 
@@ -307,6 +307,7 @@ class LoaderIter:
         except _SampleFailed as failed:
             # One batch failed in the dataset or collate_fn: the workers are fine and the pass
             # goes on, as in torch (catch it and call next() again).
+            # `from` keeps the worker's traceback as the cause and hides _SampleFailed.
             raise failed.error from failed.error.__cause__
         except BaseException:
             self._shutdown()
@@ -314,6 +315,11 @@ class LoaderIter:
         self.tally.wait_s += time.monotonic() - t0
         self.tally.batches += 1
         return data
+
+    def _refill(self) -> None:
+        """Send tasks until ``max_outstanding`` are out or the sampler is done."""
+        while self._try_put_index():
+            pass
 
     def _try_put_index(self) -> bool:
         if self._sampler_done or len(self._pending) + len(self._ready) >= self._max_outstanding:
@@ -358,12 +364,10 @@ class LoaderIter:
                     reply: Any = self._ready.pop(self._rcvd_idx)
                     self._rcvd_idx += 1
                     if reply is not _SKIP:
-                        while self._try_put_index():
-                            pass
+                        self._refill()
                         return self._unwrap(reply)
             if not self._pending:
-                while self._try_put_index():
-                    pass
+                self._refill()
                 if not self._pending:
                     raise StopIteration
             msg = self._get()
@@ -382,8 +386,7 @@ class LoaderIter:
             if self._in_order:
                 self._ready[msg.send_idx] = reply
             elif reply is not _SKIP:
-                while self._try_put_index():
-                    pass
+                self._refill()
                 return self._unwrap(reply)
 
     def _unwrap(self, msg: Result | Failure) -> Any:
@@ -404,7 +407,6 @@ class LoaderIter:
             rng=self._rng_state,
             base_seed=self._base_seed,
             progress=Progress(p.num_workers, p.watermark, set(p.extra), list(p.worker_batches)),
-            worker_active=tuple(self._active),
             finished=self._finished,
         )
 

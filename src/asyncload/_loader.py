@@ -135,6 +135,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
         self._persistent_iter: LoaderIter | None = None
         self._live_iter: weakref.ref[LoaderIter] | None = None
         self._epoch: int | None = None
+        self._epoch_of_pass: int | None = None  # the epoch the current pass runs (checkpoints)
         self._resume: ResumePoint | None = None
 
     def _get_iterator(self) -> LoaderIter:  # type: ignore[override]
@@ -185,11 +186,10 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
                 rng=capture_rng(self.generator),
                 base_seed=0,
                 progress=Progress(max(1, self.num_workers)),
-                worker_active=(True,) * max(1, self.num_workers),
                 finished=True,
             )
             return it_point.to_dict()
-        return it.checkpoint(getattr(self, "_epoch_of_pass", self._epoch)).to_dict()
+        return it.checkpoint(self._epoch_of_pass).to_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue the pass recorded by :meth:`state_dict` at the next ``iter(loader)``.
@@ -215,7 +215,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
     def __iter__(self) -> LoaderIter:  # type: ignore[override]
         if self._auto_epoch is not None:
             self.sampler.set_epoch(self._auto_epoch)  # type: ignore[attr-defined]
-            self._epoch_of_pass: int | None = self._auto_epoch
+            self._epoch_of_pass = self._auto_epoch
             self._auto_epoch += 1
         else:
             self._epoch_of_pass = self._epoch

@@ -76,7 +76,6 @@ class ResumePoint:
     rng: torch.Tensor
     base_seed: int
     progress: Progress
-    worker_active: tuple[bool, ...]
     finished: bool
 
     def to_dict(self) -> dict[str, Any]:
@@ -90,7 +89,6 @@ class ResumePoint:
             "watermark": self.progress.watermark,
             "extra": sorted(self.progress.extra),
             "worker_batches": list(self.progress.worker_batches),
-            "worker_active": list(self.worker_active),
             "finished": self.finished,
         }
 
@@ -123,6 +121,5 @@ class ResumePoint:
             rng=state["rng"],
             base_seed=int(state["base_seed"]),
             progress=progress,
-            worker_active=tuple(bool(a) for a in state["worker_active"]),
             finished=bool(state["finished"]),
         )
