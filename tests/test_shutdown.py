@@ -238,6 +238,20 @@ _SCRIPT = textwrap.dedent(
 def test_main_process_death_or_ctrl_c_leaves_no_workers(tmp_path: Path, how: str) -> None:
     script = tmp_path / "train.py"
     script.write_text(_SCRIPT.format(root=str(Path(__file__).parent.parent)))
+    pids, err = _run_then_signal(script, getattr(signal, how), settle=0.0)
+    alive = _wait_gone(pids)
+    assert not alive, f"workers {alive} outlived their main process ({how})"
+    if how == "SIGINT":
+        assert "KeyboardInterrupt" in err
+        assert "Exception ignored" not in err, err
+        assert "leaked" not in err, err
+
+
+def _run_then_signal(script: Path, sig: int, settle: float) -> tuple[list[int], str]:
+    """Run *script* until it prints its 2 worker pids, wait *settle* s, send *sig* to it.
+
+    Returns the worker pids and what the script wrote to stderr.
+    """
     with subprocess.Popen(
         [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     ) as proc:
@@ -245,18 +259,14 @@ def test_main_process_death_or_ctrl_c_leaves_no_workers(tmp_path: Path, how: str
             assert proc.stdout is not None
             pids = [int(p) for p in proc.stdout.readline().split()]
             assert len(pids) == 2
-            os.kill(proc.pid, getattr(signal, how))
+            time.sleep(settle)
+            os.kill(proc.pid, sig)
             _, err = proc.communicate(timeout=15)
         finally:
             if proc.poll() is None:
                 proc.kill()
                 proc.communicate()
-    alive = _wait_gone(pids)
-    assert not alive, f"workers {alive} outlived their main process ({how})"
-    if how == "SIGINT":
-        assert "KeyboardInterrupt" in err
-        assert "Exception ignored" not in err, err
-        assert "leaked" not in err, err
+    return pids, err
 
 
 def _wait_gone(pids: list[int], seconds: float = 10) -> list[int]:
@@ -402,20 +412,8 @@ def test_workers_exit_when_their_parent_dies_while_blocked(
     script = tmp_path / "orphan.py"
     root = str(Path(__file__).parent.parent)
     script.write_text(_ORPHAN_SCRIPT.format(root=root, dataset=dataset, make=make, first=first))
-    with subprocess.Popen(
-        [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    ) as proc:
-        try:
-            assert proc.stdout is not None
-            pids = [int(p) for p in proc.stdout.readline().split()]
-            assert len(pids) == 2
-            time.sleep(1.5)  # let the pipe fill / the fetches get stuck
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.communicate(timeout=15)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
+    # settle: let the result pipe fill, or the fetches get stuck, before the parent dies
+    pids, _ = _run_then_signal(script, signal.SIGKILL, settle=1.5)
     alive = _wait_gone(pids)
     assert not alive, f"workers {alive} outlived their killed parent"
 
