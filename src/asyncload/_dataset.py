@@ -6,6 +6,8 @@ to two coroutine shapes with :func:`fetcher_for` and :func:`aiter_for`:
 
 * async ``__getitem__``      → awaited on the worker's event loop;
 * sync ``__getitem__``       → run in the worker's thread pool (the loop keeps fetching);
+* ``__getitems__``           → called once per batch, as torch does (:func:`batch_fetcher_for`);
+* ``Subset``/``ConcatDataset`` → looked through to the datasets inside;
 * async ``__aiter__``        → iterated on the loop; yielded awaitables run concurrently;
 * sync ``__iter__``          → ``next()`` runs in the thread pool.
 """
