@@ -62,6 +62,10 @@ class WorkerConfig:
     """The main process's environment when the pass started (see worker_main)."""
     skip: int = 0
     """Samples of an iterable dataset to skip on the first pass (resuming a checkpoint)."""
+    shm_token: str = ""
+    """Names the worker's block pool (NOTE [ Reused shared memory ]); empty: no pool."""
+    shm_blocks: int = 0
+    """At most this many blocks in the pool."""
 
 
 class _Batch:

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 import torch.utils.data
 
-from . import _sharding, _stats, _storage
+from . import _sharding, _shm, _stats, _storage
 from ._context import diagnose_pickling, resolve_context
 from ._exceptions import BatchTimeout, WorkerError
 from ._pin_memory import PinMemoryThread, accelerator_device, pin
@@ -159,6 +159,16 @@ class LoaderIter:
 
         rank, world = _sharding.rank_and_world_size()
         storage_config = _storage.export_config()
+        # One shared-memory block pool per worker process (NOTE [ Reused shared memory ]): a
+        # batch in flight or kept by the loop holds a block or two; beyond that, torch's path.
+        self._shm_tokens = [
+            f"{os.getpid()}-{id(self):x}-{i}-{os.urandom(4).hex()}" if self._process_mode else ""
+            for i in range(self._num_workers)
+        ]
+        for token in self._shm_tokens:
+            if token:
+                _shm.register_token(token)
+        shm_blocks = 4 * loader._outstanding_per_worker + 8
         environ = dict(os.environ) if self._process_mode else None
         configs = [
             WorkerConfig(
@@ -179,6 +189,8 @@ class LoaderIter:
                 main_pid=os.getpid(),
                 environ=environ,
                 skip=skips[i],
+                shm_token=self._shm_tokens[i],
+                shm_blocks=shm_blocks,
             )
             for i in range(self._num_workers)
         ]
@@ -244,7 +256,7 @@ class LoaderIter:
             self._generation += 1
             self._finished = False
             for i in range(self._num_workers):
-                self._send(i, Resume(self._generation, epoch))
+                self._send(i, Resume(self._generation, epoch, self._freed(i)))
             acks = 0
             while acks < self._num_workers:  # drop replies of the old pass until every ack
                 msg = self._get()
@@ -342,14 +354,14 @@ class LoaderIter:
             if self._in_order:
                 self._ready[self._send_idx] = _SKIP
             self._send_idx += 1
+        freed = self._freed(worker_id)
         if self._is_iterable:
-            msg: object = IterTask(self._send_idx, self._generation)
+            msg: object = IterTask(self._send_idx, self._generation, freed)
         else:
             # Only index *batches* become arrays; with batch_size=None the dataset gets the
             # sampler's element unchanged, as in torch (a list stays a list).
-            msg = IndexTask(
-                self._send_idx, self._generation, _compact(index) if self._auto_collation else index
-            )
+            index = _compact(index) if self._auto_collation else index
+            msg = IndexTask(self._send_idx, self._generation, index, freed)
         self._send(worker_id, msg)
         self._pending[self._send_idx] = worker_id
         if self._timeout > 0 and not self._is_iterable:  # to name stuck samples on a timeout
@@ -409,6 +421,11 @@ class LoaderIter:
             progress=Progress(p.num_workers, p.watermark, set(p.extra), list(p.worker_batches)),
             finished=self._finished,
         )
+
+    def _freed(self, worker_id: int) -> tuple[int, ...]:
+        """Blocks of this worker's pool that the main process is done with (see ``_shm``)."""
+        token = self._shm_tokens[worker_id]
+        return _shm.take_freed(token) if token else ()
 
     def _send(self, worker_id: int, msg: object) -> None:
         if self._process_mode:
@@ -546,6 +563,9 @@ class LoaderIter:
             if q is not None:
                 q.cancel_join_thread()
                 q.close()
+        for token in getattr(self, "_shm_tokens", []):
+            if token:
+                _shm.unregister_token(token)
 
     def __del__(self) -> None:
         self._shutdown()

@@ -70,6 +70,8 @@ class IndexTask:
     send_idx: int
     generation: int
     indices: Any
+    freed: tuple[int, ...] = ()
+    """Shared-memory blocks the main process is done with (NOTE [ Reused shared memory ])."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +80,7 @@ class IterTask:
 
     send_idx: int
     generation: int
+    freed: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +89,7 @@ class Resume:
 
     generation: int
     epoch: int | None
+    freed: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,8 +6,10 @@ A worker pickles each ``Result`` itself (:func:`pack`) before it reaches the
 * **small tensors travel inline.** torch's pickler moves every tensor into its own shared-memory
   segment and passes a file descriptor per tensor through a socket; for a batch of int labels
   that costs far more than copying the 256 bytes. Tensors up to :data:`INLINE_MAX` bytes are
-  pickled as bytes; larger ones (images, features) still go through shared memory, without a
-  copy.
+  pickled as bytes.
+* **large tensors travel in reused shared memory** (images, features): blocks of the worker's
+  pool, mapped once in the main process, named by id; see NOTE [ Reused shared memory ] in
+  ``_shm.py``. Where the pool can't serve, torch's own shared memory is used.
 * **a batch that can't be pickled becomes an error, not a hang.** ``Queue.put`` pickles in a
   feeder thread that prints and drops what it can't pickle, and the main process would wait for
   that batch forever. Pickling first turns the failure into a ``Failure`` for the same task.
@@ -23,6 +25,7 @@ from typing import Any
 
 import torch
 
+from . import _shm
 from ._protocol import Failure, RemoteError, Result
 
 __all__ = ["INLINE_MAX", "Packed", "pack", "unpack"]
@@ -45,11 +48,17 @@ class _Pickler(ForkingPickler):
             and obj.layout == torch.strided
             and not obj.requires_grad
             and not obj.is_quantized
-            and obj.numel() * obj.element_size() <= INLINE_MAX
         ):
-            t = obj.resolve_conj().resolve_neg().contiguous()
-            data = t.reshape(-1).view(torch.uint8).numpy().tobytes()
-            return _rebuild_tensor, (data, t.dtype, tuple(t.shape))
+            if obj.numel() * obj.element_size() <= INLINE_MAX:
+                t = obj.resolve_conj().resolve_neg().contiguous()
+                data = t.reshape(-1).view(torch.uint8).numpy().tobytes()
+                return _rebuild_tensor, (data, t.dtype, tuple(t.shape))
+            if not obj.is_conj() and not obj.is_neg():
+                reduced = _shm.reduce_tensor(obj)
+                if reduced is not None:
+                    return reduced
+        elif type(obj) is _shm.BlockRef and _shm.pool is not None:
+            return _shm.pool.reduce_ref(obj)
         return NotImplemented  # torch's own reduction: shared memory
 
 
@@ -58,27 +67,43 @@ class Packed:
     """A pickled ``Result``; the queue's own pickling of it is a plain bytes copy."""
 
     payload: bytes
+    pool: str = ""
+    """The sending worker's block pool, when it has one."""
+    evicted: tuple[int, ...] = ()
+    """Blocks of that pool the worker dropped: the main process unmaps them."""
 
 
 def pack(msg: Result) -> Packed | Failure:
     """Pickle *msg* now, in the worker; a batch that can't be pickled becomes a Failure."""
     buf = io.BytesIO()
+    pool = _shm.pool
+    if pool is not None:
+        pool.begin()
+    error: Exception | None = None
     try:
         _Pickler(buf).dump(msg)
     except Exception as e:
+        error = e
+    evicted = pool.end(sent=error is None) if pool is not None else ()
+    if error is not None:
         exc = TypeError(
-            f"the batch could not be pickled to reach the main process: {type(e).__name__}: "
-            f"{e}. Return tensors, NumPy arrays, bytes or plain Python containers from the "
-            "dataset and collate_fn."
+            f"the batch could not be pickled to reach the main process: "
+            f"{type(error).__name__}: {error}. Return tensors, NumPy arrays, bytes or plain "
+            "Python containers from the dataset and collate_fn."
         )
-        exc.__cause__ = e
+        exc.__cause__ = error
         where = f"in DataLoader worker {msg.worker_id}, sending batch {msg.send_idx}"
+        if evicted:  # rare: the main process unmaps them with the next batch instead
+            assert pool is not None
+            pool.unsend_evicted(evicted)
         return Failure(msg.send_idx, msg.generation, msg.worker_id, RemoteError.capture(exc, where))
-    return Packed(buf.getvalue())
+    return Packed(buf.getvalue(), pool.token if pool is not None else "", evicted)
 
 
 def unpack(obj: Any) -> Any:
     """The message inside a :class:`Packed`; anything else is returned as it is."""
     if isinstance(obj, Packed):
+        if obj.evicted:
+            _shm.forget_blocks(obj.pool, obj.evicted)
         return pickle.loads(obj.payload)
     return obj

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 import torch.utils.data
 
-from . import _sharding, _stats, _storage
+from . import _sharding, _shm, _stats, _storage
 from ._engine import Engine, WorkerConfig
 from ._protocol import (
     POLL_INTERVAL,
@@ -34,7 +34,7 @@ from ._protocol import (
     Result,
     Shutdown,
 )
-from ._queues import pack
+from ._queues import INLINE_MAX, pack
 
 __all__ = ["ThreadWorker", "WorkerConfig", "new_event_loop", "worker_main"]
 
@@ -127,6 +127,9 @@ def _reader(
         except Exception:  # a task that can't be unpickled: stop, the main process reports it
             traceback.print_exc()
             msg = Shutdown()
+        freed = getattr(msg, "freed", None)
+        if freed and _shm.pool is not None:
+            _shm.pool.release(freed)
         try:
             loop.call_soon_threadsafe(inbox.put_nowait, msg)
         except RuntimeError:  # loop already closed
@@ -157,6 +160,8 @@ def worker_main(cfg: WorkerConfig, index_queue: Any, result_queue: Any, done_eve
         if not done_event.is_set() and not orphaned.is_set():
             result_queue.put(pack(msg) if isinstance(msg, Result) else msg)
 
+    if cfg.shm_token:
+        _shm.install_pool(cfg.shm_token, max_blocks=cfg.shm_blocks, min_bytes=INLINE_MAX)
     try:
         _storage.import_config(cfg.storage_config)
         _storage.set_pool_size(cfg.max_concurrency)

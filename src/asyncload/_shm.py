@@ -1,0 +1,420 @@
+"""Shared-memory blocks that a worker reuses from batch to batch.
+
+NOTE [ Reused shared memory ]
+=============================
+
+torch's workers collate every batch into a fresh shared-memory segment: ``shm_open``,
+``ftruncate``, ``mmap``, a page fault on the first write to every 4 KiB page, and then a
+file-descriptor handshake per batch (the main process connects to the worker's resource-sharer
+thread, which has to win the worker's GIL). At 50 ms and 100 KB samples that was a third of a
+worker's CPU time. asyncload's workers keep a pool of memfd blocks instead, already mapped on
+both sides::
+
+    worker process                                    main process
+    ──────────────                                    ────────────
+    collate_fn → UntypedStorage._new_shared(n)
+       └ a free block b, use number s
+    pack: tensor → BlockRef(b, s), plus b's fd
+          until the main process has b mapped ── Result ──►  map b once, cache it; the batch
+                                                              views the mapping, no copy
+                                                              ...the training loop drops it...
+                                                              storage freed → finalizer
+    block b free again  ◄── (b, s) in the next task's ``freed`` ──┘
+
+Rules that keep it safe:
+
+* A block is reused only when both sides are done with it: the worker's own storage is gone and
+  the main process has said that the storage it built for use ``s`` is gone. A release for an
+  older use number is ignored, so a late or repeated release can never free a block in use.
+* When the pool is full (a training loop keeping many batches, or batches too big for it),
+  allocation falls back to torch's own shared memory: slower, never wrong.
+* Large tensors that are not in shared memory (a ``collate_fn`` that builds ordinary tensors)
+  are copied into a block when they are pickled, instead of into a fresh segment.
+* memfd blocks have no name: whatever process dies, nothing is left in ``/dev/shm``, and a
+  small ``/dev/shm`` (Docker's 64 MB) does not limit them.
+* Blocks a worker drops to make room are named in the next ``Packed``, and the main process
+  drops its mapping of them.
+
+Where ``os.memfd_create`` is missing (macOS, Windows) workers use torch's path unchanged.
+Batches built on blocks report ``is_shared() == False``; ``share_memory_()`` or sending them
+to another process moves them into torch's shared memory as for any tensor.
+"""
+
+from __future__ import annotations
+
+import collections
+import mmap
+import os
+import threading
+import weakref
+from multiprocessing.reduction import DupFd
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = [
+    "BlockPool",
+    "BlockRef",
+    "forget_blocks",
+    "install_pool",
+    "pool",
+    "reduce_tensor",
+    "register_token",
+    "take_freed",
+    "unregister_token",
+]
+
+_PAGE = mmap.PAGESIZE
+MAX_POOL_BYTES = 1 << 30
+"""A worker's blocks never add up to more than this; beyond it, torch's shared memory is used."""
+
+
+def _round_up(n: int) -> int:
+    return max(_PAGE, -(-n // _PAGE) * _PAGE)
+
+
+def supported() -> bool:
+    return hasattr(os, "memfd_create")
+
+
+# ── worker side ───────────────────────────────────────────────────────────────────────────────
+
+
+class _Block:
+    __slots__ = ("addr", "cap", "fd", "id", "in_main", "in_worker", "mapped", "mm", "ref", "seq")
+
+    def __init__(self, block_id: int, cap: int) -> None:
+        self.id = block_id
+        self.cap = cap
+        self.fd = os.memfd_create(f"asyncload-{block_id}", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(self.fd, cap)
+            self.mm = mmap.mmap(self.fd, cap)
+        except BaseException:
+            os.close(self.fd)
+            raise
+        self.addr = np.frombuffer(self.mm, dtype=np.uint8).ctypes.data
+        self.seq = 0
+        self.in_worker = False  # a storage of this process views the block
+        self.in_main = False  # the main process has a batch on it (use ``seq``)
+        self.mapped = False  # the main process has told us it mapped the block
+        self.ref: BlockRef | None = None
+
+    def close(self) -> None:
+        os.close(self.fd)
+        # Views the worker still holds keep the mapping alive; the pool just lets go of it.
+        self.mm = None  # type: ignore[assignment]
+
+
+class BlockRef:
+    """What a pooled storage pickles as; one object per use, so pickle's memo shares it."""
+
+    __slots__ = ("block", "nbytes", "seq")
+
+    def __init__(self, block: _Block, seq: int, nbytes: int) -> None:
+        self.block, self.seq, self.nbytes = block, seq, nbytes
+
+
+class BlockPool:
+    """A worker's reusable shared-memory blocks (see NOTE [ Reused shared memory ]).
+
+    Args:
+        token: Names this worker's pool in the main process.
+        max_blocks: At most this many blocks exist at once.
+        min_bytes: Storages up to this size are not pooled (they travel inside the message).
+        max_bytes: Blocks add up to at most this many bytes.
+    """
+
+    def __init__(
+        self, token: str, *, max_blocks: int, min_bytes: int = 0, max_bytes: int = MAX_POOL_BYTES
+    ) -> None:
+        self.token = token
+        self.min_bytes = min_bytes
+        self.max_blocks = max_blocks
+        self.max_bytes = max_bytes
+        self._lock = threading.Lock()
+        self._blocks: dict[int, _Block] = {}
+        self._by_addr: dict[int, _Block] = {}
+        self._free: collections.OrderedDict[int, _Block] = collections.OrderedDict()
+        self._bytes = 0
+        self._next_id = 0
+        self._evicted: list[int] = []
+        self._packing: list[_Block] | None = None
+        self._keepalive: list[torch.Tensor] = []  # copies made while pickling one message
+        self.hits = 0
+        self.created = 0
+        self.fallbacks = 0
+
+    # allocation
+
+    def allocate(self, nbytes: int) -> torch.UntypedStorage | None:
+        """A storage of *nbytes* on a pooled block, or None when the pool is full."""
+        cap = _round_up(nbytes)
+        with self._lock:
+            block = self._take_free(cap) or self._create(cap)
+            if block is None:
+                self.fallbacks += 1
+                return None
+            block.seq += 1
+            block.in_worker = True
+            block.ref = BlockRef(block, block.seq, nbytes)
+            seq = block.seq
+        arr = np.frombuffer(block.mm, dtype=np.uint8, count=nbytes)
+        weakref.finalize(arr, self._worker_done, block.id, seq)
+        return torch.from_numpy(arr).untyped_storage()
+
+    def _take_free(self, cap: int) -> _Block | None:
+        for block in self._free.values():  # oldest first: every block stays warm in turn
+            if block.cap == cap:
+                del self._free[block.id]
+                self.hits += 1
+                return block
+        return None
+
+    def _create(self, cap: int) -> _Block | None:
+        while self._free and (
+            len(self._blocks) >= self.max_blocks or self._bytes + cap > self.max_bytes
+        ):
+            _, old = self._free.popitem(last=False)  # least recently freed
+            self._drop(old)
+        if len(self._blocks) >= self.max_blocks or self._bytes + cap > self.max_bytes:
+            return None
+        try:
+            block = _Block(self._next_id, cap)
+        except OSError:  # out of memory or descriptors: torch's path may still work
+            return None
+        self._next_id += 1
+        self._blocks[block.id] = block
+        self._by_addr[block.addr] = block
+        self._bytes += cap
+        self.created += 1
+        return block
+
+    def _drop(self, block: _Block) -> None:
+        del self._blocks[block.id]
+        del self._by_addr[block.addr]
+        self._bytes -= block.cap
+        self._evicted.append(block.id)  # the main process may have it mapped
+        block.close()
+
+    def _maybe_free(self, block: _Block) -> None:
+        if not block.in_worker and not block.in_main and block.id in self._blocks:
+            block.ref = None
+            self._free[block.id] = block
+
+    def _worker_done(self, block_id: int, seq: int) -> None:
+        with self._lock:
+            block = self._blocks.get(block_id)
+            if block is not None and block.seq == seq:
+                block.in_worker = False
+                self._maybe_free(block)
+
+    def release(self, freed: tuple[int, ...]) -> None:
+        """The main process is done with these uses: ``(id0, seq0, id1, seq1, ...)``."""
+        with self._lock:
+            for i in range(0, len(freed) - 1, 2):
+                block = self._blocks.get(freed[i])
+                if block is not None and block.seq == freed[i + 1] and block.in_main:
+                    block.mapped = True
+                    block.in_main = False
+                    self._maybe_free(block)
+
+    # pickling (pack runs in the loop thread, one message at a time)
+
+    def ref_for(self, tensor: torch.Tensor) -> BlockRef | None:
+        """The block reference of a tensor whose storage is a pooled block in use, if any."""
+        storage = tensor.untyped_storage()
+        block = self._by_addr.get(storage.data_ptr())
+        if block is None or block.ref is None or block.in_main:
+            return None  # not ours, or already sent in an earlier batch
+        if storage.nbytes() != block.ref.nbytes:
+            return None
+        return block.ref
+
+    def begin(self) -> None:
+        self._packing = []
+
+    def reduce_ref(self, ref: BlockRef) -> tuple[Any, ...]:
+        block = ref.block
+        if self._packing is not None:
+            self._packing.append(block)
+        fd = None if block.mapped else DupFd(block.fd)
+        return _open_block, (self.token, block.id, ref.seq, ref.nbytes, block.cap, fd)
+
+    def end(self, sent: bool) -> tuple[int, ...]:
+        """Finish a message: its blocks now belong to the main process if it was *sent*.
+
+        Returns the ids of blocks dropped since the last message, for the main process to unmap.
+        """
+        packed, self._packing = self._packing or [], None
+        with self._lock:
+            if sent:
+                for block in packed:
+                    block.in_main = True
+            evicted, self._evicted = tuple(self._evicted), []
+        # Only now: dropping a copy frees its block unless the main process has it.
+        self._keepalive.clear()
+        return evicted
+
+    def unsend_evicted(self, evicted: tuple[int, ...]) -> None:
+        """*evicted* (from :meth:`end`) did not reach the main process: name them again later."""
+        with self._lock:
+            self._evicted[:0] = evicted
+
+
+pool: BlockPool | None = None
+"""This worker process's pool, once :func:`install_pool` ran."""
+
+_torch_new_shared: Any = None
+
+
+def _pooled_new_shared(cls: Any, size: int, *, device: Any = "cpu") -> Any:
+    # default_collate asks for shared memory for a worker's batch: hand it a pooled block, or
+    # ordinary memory when the batch is small enough to be copied into the message anyway.
+    if pool is not None and size > 0 and torch.device(device).type == "cpu":
+        if size <= pool.min_bytes:
+            return cls(size)
+        storage = pool.allocate(int(size))
+        if storage is not None:
+            return storage
+    return _torch_new_shared.__func__(cls, size, device=device)
+
+
+def install_pool(token: str, *, max_blocks: int, min_bytes: int) -> BlockPool | None:
+    """Give this worker process a pool and route ``_new_shared`` through it (worker only).
+
+    Storages of at most *min_bytes* (those the pickler copies into the message) stay in
+    ordinary memory.
+    """
+    global pool, _torch_new_shared
+    if not supported():
+        return None
+    pool = BlockPool(token, max_blocks=max_blocks, min_bytes=min_bytes)
+    if _torch_new_shared is None:
+        _torch_new_shared = torch.UntypedStorage._new_shared
+        torch.UntypedStorage._new_shared = classmethod(_pooled_new_shared)  # type: ignore[assignment,method-assign]
+    return pool
+
+
+def reduce_tensor(t: torch.Tensor) -> tuple[Any, ...] | None:
+    """How to pickle *t* through the pool, or None for torch's own way."""
+    if pool is None:
+        return None
+    ref = pool.ref_for(t)
+    if ref is None:
+        # An ordinary tensor owning its whole storage: one copy into a warm block beats torch's
+        # copy into a fresh segment. Views and storages shared with other tensors go torch's way.
+        storage = t.untyped_storage()
+        nbytes = t.numel() * t.element_size()
+        if (
+            nbytes <= pool.min_bytes
+            or t.storage_offset() != 0
+            or storage.nbytes() != nbytes
+            or not t.is_contiguous()
+            or storage.is_shared()
+        ):
+            return None
+        block_storage = pool.allocate(nbytes)
+        if block_storage is None:
+            return None
+        copy = torch.empty((), dtype=t.dtype).set_(block_storage, 0, t.shape, t.stride())
+        copy.copy_(t)
+        ref = pool.ref_for(copy)
+        if ref is None:  # pragma: no cover - a block just allocated is always ours
+            return None
+        pool._keepalive.append(copy)  # until the message is pickled
+    return _rebuild, (ref, t.dtype, t.storage_offset(), tuple(t.shape), tuple(t.stride()))
+
+
+# ── main side ─────────────────────────────────────────────────────────────────────────────────
+
+_main_lock = threading.Lock()
+_maps: dict[str, dict[int, mmap.mmap]] = {}
+_freed: dict[str, collections.deque[int]] = {}
+_views: weakref.WeakValueDictionary[tuple[str, int, int], np.ndarray] = (
+    weakref.WeakValueDictionary()
+)
+
+
+def register_token(token: str) -> None:
+    """Start accepting blocks from the worker that owns *token*."""
+    with _main_lock:
+        _maps.setdefault(token, {})
+        _freed.setdefault(token, collections.deque())
+
+
+def unregister_token(token: str) -> None:
+    """Forget a stopped worker's blocks; batches still alive keep their mappings."""
+    with _main_lock:
+        _maps.pop(token, None)
+        _freed.pop(token, None)
+
+
+def take_freed(token: str) -> tuple[int, ...]:
+    """Uses of *token*'s blocks the main process is done with, to send to that worker."""
+    dq = _freed.get(token)
+    if not dq:
+        return ()
+    out: list[int] = []
+    while True:
+        try:
+            out.append(dq.popleft())  # deque ops are atomic: finalizers append from any thread
+        except IndexError:
+            return tuple(out)
+
+
+def forget_blocks(token: str, block_ids: tuple[int, ...]) -> None:
+    """The worker dropped these blocks: unmap them once no batch views them."""
+    with _main_lock:
+        blocks = _maps.get(token)
+        if blocks is not None:
+            for block_id in block_ids:
+                blocks.pop(block_id, None)
+
+
+def _release(token: str, block_id: int, seq: int) -> None:
+    dq = _freed.get(token)
+    if dq is not None:
+        dq.append(block_id)
+        dq.append(seq)
+
+
+def _open_block(
+    token: str, block_id: int, seq: int, nbytes: int, cap: int, fd: Any
+) -> torch.UntypedStorage:
+    """Unpickling a pooled storage in the main process (or in a worker's child, by accident)."""
+    new_fd = fd.detach() if fd is not None else None
+    try:
+        key = (token, block_id, seq)
+        arr = _views.get(key)
+        if arr is None:
+            with _main_lock:
+                blocks = _maps.get(token)
+                mm = blocks.get(block_id) if blocks is not None else None
+                if mm is None:
+                    if new_fd is None:
+                        raise RuntimeError(
+                            f"asyncload: shared-memory block {block_id} of worker pool {token} "
+                            "arrived without its descriptor (the batch outlived its loader?)"
+                        )
+                    mm = mmap.mmap(new_fd, cap)
+                    if blocks is not None:
+                        blocks[block_id] = mm
+            arr = np.frombuffer(mm, dtype=np.uint8, count=nbytes)
+            _views[key] = arr
+            weakref.finalize(arr, _release, token, block_id, seq)
+        return torch.from_numpy(arr).untyped_storage()
+    finally:
+        if new_fd is not None:
+            os.close(new_fd)
+
+
+def _rebuild(
+    storage: torch.UntypedStorage,
+    dtype: torch.dtype,
+    offset: int,
+    shape: tuple[int, ...],
+    stride: tuple[int, ...],
+) -> torch.Tensor:
+    return torch.empty((), dtype=dtype).set_(storage, offset, shape, stride)
