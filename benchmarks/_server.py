@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import os
 import random
 import subprocess
@@ -47,15 +48,20 @@ _POOL: bytes | None = None
 
 def object_bytes(index: int, size: int) -> bytes:
     """The body the server sends for object *index* of *size* bytes (for checking reads)."""
+    return bytes(object_view(index, size))
+
+
+def object_view(index: int, size: int) -> memoryview:
+    """:func:`object_bytes` without the copy."""
     global _POOL
     if _POOL is None:
         _POOL = _pool()
     start = (index * _STRIDE) % _POOL_SIZE
     if size <= len(_POOL) - start:
-        return _POOL[start : start + size]
+        return memoryview(_POOL)[start : start + size]
     # Larger than the pool's tail: repeat it (objects that big are only used for throughput).
     reps = size // len(_POOL) + 2
-    return (_POOL * reps)[start : start + size]
+    return memoryview(_POOL * reps)[start : start + size]
 
 
 # ── the server process ────────────────────────────────────────────────────────────────────────
@@ -72,47 +78,111 @@ def _parse_range(header: str, size: int) -> tuple[int, int] | None:
     return (start, min(end, size)) if start < size else None
 
 
-def _serve(host: str, port: int) -> None:
-    from aiohttp import web
+class _ObjectProtocol(asyncio.Protocol):
+    """Minimal HTTP/1.1 for ``GET``/``HEAD /obj/{size}/{latency_ms}/{index}``, keep-alive.
 
-    async def handle(request: web.Request) -> web.Response:
-        info = request.match_info
+    Written on asyncio's Protocol rather than aiohttp.web: the benchmark measures clients, and
+    on a 2-core machine every microsecond the stand-in for remote storage spends is taken from
+    them (a real object store costs the client machine nothing). aiohttp.web used ~125 µs of CPU
+    per 100 KB response here; this ~35 µs. Bodies are memoryviews into one pool: no copy.
+    Responses leave in request order, so pipelining clients are served correctly too.
+    """
+
+    def __init__(self) -> None:
+        self._buf = b""
+        self._transport: asyncio.Transport | None = None
+        self._replies: collections.deque[list[bytes | memoryview] | None] = collections.deque()
+        self._close_after = False
+        self._sent = 0  # replies already written on this connection (indexes the deque)
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._transport = None
+
+    def data_received(self, data: bytes) -> None:
+        self._buf += data
+        while self._transport is not None:
+            end = self._buf.find(b"\r\n\r\n")
+            if end < 0:
+                if len(self._buf) > 65536:
+                    self._transport.close()
+                return
+            head, self._buf = self._buf[:end].decode("latin-1"), self._buf[end + 4 :]
+            self._handle(head)
+
+    def _handle(self, head: str) -> None:
+        lines = head.split("\r\n")
+        method, target, version = [*lines[0].split(" "), "", "", ""][:3]
+        headers = {}
+        for line in lines[1:]:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+        if headers.get("connection", "").lower() == "close" or version == "HTTP/1.0":
+            self._close_after = True
+        self._replies.append(None)
+        index = len(self._replies) - 1 + self._sent
+        parts = target.split("/")
         try:
-            size, latency_ms, index = int(info["size"]), float(info["ms"]), int(info["i"])
+            if method not in ("GET", "HEAD") or len(parts) != 5 or parts[1] != "obj":
+                raise ValueError
+            size, latency_ms, i = int(parts[2]), float(parts[3]), int(parts[4])
         except ValueError:
-            return web.Response(status=400, text="expected /obj/{size}/{latency_ms}/{index}")
-        if latency_ms > 0:
-            await asyncio.sleep(latency_ms / 1000)
-        body = object_bytes(index, size)
+            self._ready(index, _reply(400, [], b"expected GET /obj/{size}/{latency_ms}/{index}"))
+            return
+        loop = asyncio.get_running_loop()
+        loop.call_later(
+            latency_ms / 1000, self._respond, index, method, size, i, headers.get("range")
+        )
+
+    def _respond(self, index: int, method: str, size: int, i: int, rng: str | None) -> None:
+        body: memoryview = object_view(i, size)
+        extra = ["Accept-Ranges: bytes"]
         status = 200
-        headers = {"Accept-Ranges": "bytes"}
-        rng = request.headers.get("Range")
         if rng:
             span = _parse_range(rng, size)
             if span is None:
-                return web.Response(status=416, headers={"Content-Range": f"bytes */{size}"})
+                self._ready(index, _reply(416, [f"Content-Range: bytes */{size}"], b""))
+                return
             start, end = span
             body, status = body[start:end], 206
-            headers["Content-Range"] = f"bytes {start}-{end - 1}/{size}"
-        if request.method == "HEAD":
-            headers["Content-Length"] = str(len(body))
-            return web.Response(status=status, headers=headers)
-        return web.Response(status=status, body=body, headers=headers)
+            extra.append(f"Content-Range: bytes {start}-{end - 1}/{size}")
+        if method == "HEAD":
+            self._ready(index, _reply(status, extra, b"", length=len(body)))
+        else:
+            self._ready(index, _reply(status, extra, body))
 
+    def _ready(self, index: int, reply: list[bytes | memoryview]) -> None:
+        self._replies[index - self._sent] = reply
+        transport = self._transport
+        while self._replies and self._replies[0] is not None:
+            out = self._replies.popleft()
+            self._sent += 1
+            if transport is not None and not transport.is_closing():
+                assert out is not None
+                transport.writelines(out)
+        if transport is not None and self._close_after and not self._replies:
+            transport.close()
+
+
+_REASONS = {200: "OK", 206: "Partial Content", 400: "Bad Request", 416: "Range Not Satisfiable"}
+
+
+def _reply(
+    status: int, extra: list[str], body: bytes | memoryview, length: int | None = None
+) -> list[bytes | memoryview]:
+    lines = [f"HTTP/1.1 {status} {_REASONS[status]}", *extra]
+    lines.append(f"Content-Length: {len(body) if length is None else length}")
+    return [("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"), body]
+
+
+def _serve(host: str, port: int) -> None:
     async def main() -> None:
-        app = web.Application()
-        app.router.add_route("GET", "/obj/{size}/{ms}/{i}", handle)
-        app.router.add_route("HEAD", "/obj/{size}/{ms}/{i}", handle)
-        # handler_cancellation: a client that gives up mid-sleep frees the handler at once.
-        runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
-        await runner.setup()
-        site = web.TCPSite(runner, host, port, backlog=4096)
-        await site.start()
-        server = site._server
-        assert server is not None
-        bound = server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        stop = asyncio.Event()
         loop = asyncio.get_running_loop()
+        server = await loop.create_server(_ObjectProtocol, host, port, backlog=4096)
+        bound = server.sockets[0].getsockname()[1]
+        stop = asyncio.Event()
 
         def watch_parent() -> None:
             # The parent holds our stdin open; EOF means it exited (or closed us): stop, so a
@@ -123,7 +193,7 @@ def _serve(host: str, port: int) -> None:
         threading.Thread(target=watch_parent, daemon=True).start()
         print(f"PORT {bound}", flush=True)
         await stop.wait()
-        await runner.cleanup()
+        server.close()
 
     object_bytes(0, 1)  # build the pool before announcing the port: no first-request stall
     try:
