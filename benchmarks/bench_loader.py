@@ -8,7 +8,8 @@ One run prints one table:
   (the ceiling). Targets: asyncload ≥ 4× threaded torch and ≥ 0.8× the ceiling.
 * Scenario B (pure overhead): no latency, 1 KB objects, same rows. Target: asyncload ≥ 1.0×
   blocking torch.
-* Peak memory (PSS of this process plus its loader workers and helpers) for every loader row.
+* Peak memory (PSS of this process plus its loader workers and helpers) for every loader row,
+  sampled in an untimed epoch after the timed one.
 * Memory growth: 10 epochs over 1,000,000 indices with 2 persistent workers; the workers'
   private memory after epoch 1 vs after epoch 10 (target: < 5 % growth), with a contrast row
   holding the same keys in a Python list under ``fork`` (copy-on-read).
@@ -64,6 +65,8 @@ from _server import ObjectServerProcess, object_bytes
 import asyncload
 
 PROFILE_ENV = "ASYNCLOAD_BENCH_PROFILE"
+MEMORY_EPOCH = 1024
+"""Samples in the epoch that measures a row's peak memory (after its timed epoch)."""
 
 # ── what every loader row fetches ─────────────────────────────────────────────────────────────
 
@@ -246,12 +249,10 @@ class PeakMemory:
 
     def __init__(self, exclude: set[int], interval: float = 0.5) -> None:
         # Reading smaps_rollup of a process that imported torch costs ~10 ms of kernel time:
-        # every 0.5 s keeps the sampler under ~10% of one core; memory plateaus within an
-        # epoch, so a slower rate still finds the peak.
+        # sample often only where nothing is being timed.
         self.exclude = exclude
         self.interval = interval
         self.peak = 0
-        self.cpu = 0.0  # this sampler thread's CPU seconds so far: subtracted from the row's
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="bench-memory", daemon=True)
 
@@ -267,7 +268,6 @@ class PeakMemory:
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
             self.sample()
-            self.cpu = time.thread_time()
 
     def __enter__(self) -> PeakMemory:
         self.sample()
@@ -350,32 +350,38 @@ def time_loader(
     server_pid: int,
     profile_name: str | None = None,
 ) -> tuple[float, float, float]:
-    """Warm-up epoch, then a timed epoch on the same persistent workers.
+    """Warm-up epoch, timed epoch, then a memory epoch, all on the same persistent workers.
 
-    Returns (seconds, peak PSS in MiB over both epochs, client CPU seconds in the timed epoch).
+    Peak memory is sampled in its own epoch (up to :data:`MEMORY_EPOCH` samples, enough to fill
+    every pipeline) rather than in the timed one: reading ``smaps_rollup`` walks every mapping
+    of every process, ~40 ms of CPU per round on this machine, which the CPU-bound rows would
+    pay and the latency-bound ones would not.
+
+    Returns (seconds, peak PSS in MiB, client CPU seconds in the timed epoch).
     """
     sampler = EpochSampler(warmup)
     loader = make(sampler)
     try:
-        with PeakMemory(exclude={server_pid}) as mem:
-            for _ in loader:  # warm-up: workers started, connections open
-                pass
-            sampler.n = samples
-            got = 0
-            ctx = profile_main(profile_name) if profile_name else contextlib.nullcontext()
-            with ctx:
-                cpu0 = client_cpu_seconds({server_pid})
-                sampler_cpu0 = mem.cpu
-                t0 = time.perf_counter()
-                for k, batch in enumerate(loader):
-                    if k == 0:
-                        _check_first(batch, size)
-                    got += int(batch.shape[0])
-                seconds = time.perf_counter() - t0
-                cpu = cpu_delta(cpu0, client_cpu_seconds({server_pid}))
-                cpu -= mem.cpu - sampler_cpu0
+        for _ in loader:  # warm-up: workers started, connections open
+            pass
+        sampler.n = samples
+        got = 0
+        ctx = profile_main(profile_name) if profile_name else contextlib.nullcontext()
+        with ctx:
+            cpu0 = client_cpu_seconds({server_pid})
+            t0 = time.perf_counter()
+            for k, batch in enumerate(loader):
+                if k == 0:
+                    _check_first(batch, size)
+                got += int(batch.shape[0])
+            seconds = time.perf_counter() - t0
+            cpu = cpu_delta(cpu0, client_cpu_seconds({server_pid}))
         if got != samples:
             raise AssertionError(f"expected {samples} samples, got {got}")
+        sampler.n = min(samples, MEMORY_EPOCH)
+        with PeakMemory(exclude={server_pid}, interval=0.05) as mem:
+            for _ in loader:
+                pass
         return seconds, mem.peak / 2**20, cpu
     finally:
         # Persistent workers stop when the loader (and its iterator) go away.
