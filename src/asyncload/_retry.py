@@ -129,22 +129,36 @@ def _should_retry(failure: AttemptFailed, policy: Retry) -> bool:
     return failure.status is None or failure.status in policy.statuses or failure.status < 400
 
 
-async def retrying(op: Callable[[], Awaitable[T]], *, url: str, policy: Retry) -> T:
+async def retrying(
+    op: Callable[[], Awaitable[T]],
+    *,
+    url: str,
+    policy: Retry,
+    first: AttemptFailed | None = None,
+    started: float | None = None,
+) -> T:
     """Run ``op()`` until it succeeds or *policy* says stop; raise the public error then.
 
     Errors that are not :class:`AttemptFailed` propagate unchanged (cancellation included).
+    A caller that made the first attempt itself (a hot path) passes its failure as *first*
+    and the attempt's start as *started*.
     """
     attempt = 1
-    started = time.monotonic()
+    if started is None:
+        started = time.monotonic()
+    failure = first
     while True:
-        try:
-            return await op()
-        except AttemptFailed as failure:
-            wait = next_wait(failure, policy, attempt, started)
-            if wait is None:
-                raise give_up(failure, url, attempt) from failure.__cause__
-            await backoff(failure, url, wait, attempt, policy)
-            attempt += 1
+        if failure is None:
+            try:
+                return await op()
+            except AttemptFailed as exc:
+                failure = exc
+        wait = next_wait(failure, policy, attempt, started)
+        if wait is None:
+            raise give_up(failure, url, attempt) from failure.__cause__
+        await backoff(failure, url, wait, attempt, policy)
+        attempt += 1
+        failure = None
 
 
 def give_up(failure: AttemptFailed, url: str, attempts: int) -> StorageError:

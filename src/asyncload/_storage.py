@@ -215,9 +215,19 @@ async def read(url: str, *, start: int | None = None, end: int | None = None) ->
     options = options_for(url)
     if start is not None and end is not None and end <= start:
         return b""
-    data = await retrying(
-        lambda: backend.read(url, start, end, options), url=url, policy=options.retry
-    )
+    # The first attempt is made here rather than inside retrying(): one coroutine and one
+    # closure fewer per sample, on the path every sample takes.
+    started = time.monotonic()
+    try:
+        data = await backend.read(url, start, end, options)
+    except AttemptFailed as failure:
+        data = await retrying(
+            lambda: backend.read(url, start, end, options),
+            url=url,
+            policy=options.retry,
+            first=failure,
+            started=started,
+        )
     _stats.note_bytes(len(data))
     return data
 

@@ -77,8 +77,12 @@ class HttpBackend(Backend):
         self._clients: dict[int, _LoopClient] = {}
         self._timeouts: dict[tuple[float, float, float | None], aiohttp.ClientTimeout] = {}
         self._ssl: dict[tuple[bool, str | None], ssl.SSLContext | bool] = {}
-        # id(options) -> (options, headers): built once per options object, not per request.
-        self._headers: dict[int, tuple[StorageOptions, dict[str, str]]] = {}
+        # id(options) -> (options, headers, timeout, ssl): built once per options object, not
+        # per request (options objects live as long as their configure() entry).
+        self._per_options: dict[
+            int,
+            tuple[StorageOptions, dict[str, str], aiohttp.ClientTimeout, ssl.SSLContext | bool],
+        ] = {}
 
     # -- clients -------------------------------------------------------------------------
     def _current_session(self) -> aiohttp.ClientSession | None:
@@ -141,12 +145,17 @@ class HttpBackend(Backend):
         self, method: str, url: str, options: StorageOptions, extra: dict[str, str] | None
     ) -> aiohttp.ClientResponse:
         session = self._current_session() or await self._new_session()
-        cached = self._headers.get(id(options))
+        cached = self._per_options.get(id(options))
         if cached is None or cached[0] is not options:
-            cached = self._headers[id(options)] = (options, {**_BASE_HEADERS, **options.headers})
-        headers = {**cached[1], **extra} if extra else cached[1]
-        timeout = self._timeout(options)
-        ssl_arg = self._ssl_for(options)
+            cached = self._per_options[id(options)] = (
+                options,
+                {**_BASE_HEADERS, **options.headers},
+                self._timeout(options),
+                self._ssl_for(options),
+            )
+        _, headers, timeout, ssl_arg = cached
+        if extra:
+            headers = {**headers, **extra}
         target = url
         for _ in range(_MAX_REDIRECTS + 1):
             try:
