@@ -157,6 +157,7 @@ def test_a_block_is_reused_only_when_both_sides_let_go() -> None:
     pool.release((block_id, seq + 1))  # a release for another use changes nothing
     pool.release((block_id, seq))
     pool.release((block_id, seq))  # nor does a repeated one
+    assert pool._blocks[block_id].fd == -1  # mapped in the main process: descriptor closed
     again = pool.allocate(10_000)
     assert again is not None
     assert pool.hits == 1
@@ -177,6 +178,24 @@ def test_a_full_pool_falls_back_then_evicts_free_blocks_of_other_sizes() -> None
     assert c is not None
     _, evicted = _send(pool, c)
     assert evicted == (args[1],)
+
+
+def test_a_pool_keeps_few_free_blocks_after_a_burst() -> None:
+    pool = _shm.BlockPool("t", max_blocks=8)  # keeps 8 // 4 + 2 = 4 free blocks
+    storages = [pool.allocate(5_000) for _ in range(8)]  # a loop that kept 8 batches
+    uses = []
+    for s in storages:
+        assert s is not None
+        (_, args), _ = _send(pool, s)
+        uses += [args[1], args[2]]
+    del storages, s
+    pool.release(tuple(uses))  # ...then let them all go
+    assert len(pool._free) == 4
+    assert len(pool._blocks) == 4
+    fresh = pool.allocate(5_000)
+    assert fresh is not None
+    _, evicted = _send(pool, fresh)
+    assert len(evicted) == 4  # the main process unmaps what the worker dropped
 
 
 def test_the_main_process_maps_a_block_once_and_unmaps_evicted_ones() -> None:

@@ -101,8 +101,14 @@ class _Block:
         self.mapped = False  # the main process has told us it mapped the block
         self.ref: BlockRef | None = None
 
+    def close_fd(self) -> None:
+        """Once the main process has the block mapped, its descriptor is needed no more."""
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
     def close(self) -> None:
-        os.close(self.fd)
+        self.close_fd()
         # Views the worker still holds keep the mapping alive; the pool just lets go of it.
         self.mm = None  # type: ignore[assignment]
 
@@ -121,7 +127,8 @@ class BlockPool:
 
     Args:
         token: Names this worker's pool in the main process.
-        max_blocks: At most this many blocks exist at once.
+        max_blocks: At most this many blocks exist at once; about a quarter of that many are
+            kept when free.
         min_bytes: Storages up to this size are not pooled (they travel inside the message).
         max_bytes: Blocks add up to at most this many bytes.
     """
@@ -132,6 +139,7 @@ class BlockPool:
         self.token = token
         self.min_bytes = min_bytes
         self.max_blocks = max_blocks
+        self.max_free = max_blocks // 4 + 2
         self.max_bytes = max_bytes
         self._lock = threading.Lock()
         self._blocks: dict[int, _Block] = {}
@@ -202,6 +210,11 @@ class BlockPool:
         if not block.in_worker and not block.in_main and block.id in self._blocks:
             block.ref = None
             self._free[block.id] = block
+            # After a burst (a loop that kept many batches, then let go) don't stay resident:
+            # keep about what the batches in flight need.
+            while len(self._free) > self.max_free:
+                _, old = self._free.popitem(last=False)
+                self._drop(old)
 
     def _worker_done(self, block_id: int, seq: int) -> None:
         with self._lock:
@@ -217,6 +230,7 @@ class BlockPool:
                 block = self._blocks.get(freed[i])
                 if block is not None and block.seq == freed[i + 1] and block.in_main:
                     block.mapped = True
+                    block.close_fd()
                     block.in_main = False
                     self._maybe_free(block)
 

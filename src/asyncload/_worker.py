@@ -103,7 +103,6 @@ def _tune_malloc() -> None:
     mallopt(m_trim_threshold, _MALLOC_TRIM_THRESHOLD)
 
 
-
 def _parent_alive(main_pid: int, ppid: int) -> bool:
     # Under forkserver our parent is the server, which outlives the main process while any
     # worker lives; so check the main process itself, and count a zombie (dead, not yet reaped
