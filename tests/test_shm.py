@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 from typing import Any
 
 import pytest
@@ -230,3 +232,16 @@ def test_the_main_process_maps_a_block_once_and_unmaps_evicted_ones() -> None:
     finally:
         _shm.pool = saved
         _shm.unregister_token(token)
+
+
+def test_a_batch_outlives_its_killed_worker() -> None:
+    loader = asyncload.DataLoader(Images(400), batch_size=4, num_workers=1)
+    it = iter(loader)
+    first = next(it)
+    assert not first.is_shared()  # on a pooled block
+    os.kill(it._workers[0].pid, signal.SIGKILL)
+    with contextlib.suppress(asyncload.WorkerError):  # unless every batch was already out
+        for _ in it:
+            pass
+    del it
+    assert torch.equal(first, expected([0, 1, 2, 3]))  # the memfd lives while mapped here
