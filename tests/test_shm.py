@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import signal
+import threading
 from typing import Any
 
 import pytest
@@ -13,7 +15,7 @@ import torch.utils.data
 
 import asyncload
 from asyncload import _shm
-from asyncload._protocol import Result
+from asyncload._protocol import Failure, Result
 from asyncload._queues import INLINE_MAX, Packed, pack, unpack
 
 pytestmark = [
@@ -93,8 +95,10 @@ class _Mixed(torch.utils.data.Dataset[int]):
 def mixed_collate(indices: list[int]) -> dict[str, Any]:
     """Ordinary tensors, views into a pooled batch, two views of one storage, small labels."""
     pooled = torch.utils.data.default_collate([sample(i) for i in indices])
+    ordinary = torch.stack([sample(i) for i in indices]).float()
     return {
-        "ordinary": torch.stack([sample(i) for i in indices]).float(),
+        "ordinary": ordinary,
+        "ordinary_rows": ordinary[:, 2:, :],
         "view": pooled[:, 1:, ::2],
         "first": pooled[0],
         "pooled": pooled,
@@ -117,6 +121,34 @@ def test_views_ordinary_tensors_and_shared_storages_cross_intact() -> None:
         assert (
             got["first"].untyped_storage().data_ptr() == got["pooled"].untyped_storage().data_ptr()
         )
+        ordinary = got["ordinary"].untyped_storage().data_ptr()
+        assert got["ordinary_rows"].untyped_storage().data_ptr() == ordinary
+
+
+class _Complex(torch.utils.data.Dataset[int]):
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, index: int) -> int:
+        return index
+
+
+def complex_collate(indices: list[int]) -> dict[str, torch.Tensor]:
+    """A pooled batch and a conjugate view of it: the view goes torch's way while pickling."""
+    x = torch.utils.data.default_collate(
+        [torch.full((8192,), complex(i, -i), dtype=torch.complex64) for i in indices]
+    )
+    return {"x": x, "x_conj": x.conj()}
+
+
+def test_a_view_pickled_torchs_way_does_not_free_the_block_mid_message() -> None:
+    loader = asyncload.DataLoader(
+        _Complex(), batch_size=2, num_workers=1, collate_fn=complex_collate, max_concurrency=4
+    )
+    kept = list(loader)  # every batch kept: a block freed too early would be overwritten
+    for k, got in enumerate(kept):
+        want = complex_collate([2 * k, 2 * k + 1])
+        assert torch.equal(got["x"], want["x"]), f"batch {k} was overwritten"
 
 
 def test_a_pooled_batch_can_move_to_torch_shared_memory() -> None:
@@ -131,27 +163,32 @@ def test_a_pooled_batch_can_move_to_torch_shared_memory() -> None:
 # ── the pool's rules, in one process ──────────────────────────────────────────────────────────
 
 
-def _send(pool: _shm.BlockPool, storage: torch.UntypedStorage) -> tuple[Any, tuple[int, ...]]:
-    """Pickle one tensor on *storage* as a worker would; returns (payload, evicted)."""
+def _send(
+    pool: _shm.BlockPool, storage: torch.UntypedStorage
+) -> tuple[tuple[Any, ...], tuple[Any, ...], tuple[int, ...]]:
+    """Pickle one tensor on *storage* as a worker would.
+
+    Returns the block's pickled arguments ``(token, id, use, nbytes)``, the descriptors that
+    travel beside the message and the evicted block ids.
+    """
     t = torch.empty((), dtype=torch.uint8).set_(storage)
     ref = pool.ref_for(t)
     assert ref is not None
     pool.begin()
-    reduced = pool.reduce_ref(ref)
-    evicted = pool.end(sent=True)
-    fd = reduced[1][5]
-    if fd is not None:  # what the main process does with a block's first descriptor
-        os.close(fd.detach())
-    return reduced, evicted
+    _, args = pool.reduce_ref(ref)
+    fds, evicted = pool.end(sent=True)
+    for _, _, dup in fds:  # what the main process does with a block's first descriptor
+        os.close(dup.detach())
+    return args, fds, evicted
 
 
 def test_a_block_is_reused_only_when_both_sides_let_go() -> None:
     pool = _shm.BlockPool("t", max_blocks=4)
     s = pool.allocate(10_000)
     assert s is not None
-    (_, args), _ = _send(pool, s)
+    args, fds, _ = _send(pool, s)
     block_id, seq = args[1], args[2]
-    assert args[5] is not None  # the block's descriptor travels until the main process has it
+    assert len(fds) == 1  # the block's descriptor travels until the main process has it
     del s  # the worker's storage is gone, but the main process still has the batch
     assert pool.allocate(10_000) is not None
     assert pool.created == 2
@@ -173,12 +210,12 @@ def test_a_full_pool_falls_back_then_evicts_free_blocks_of_other_sizes() -> None
     assert b is not None
     assert pool.allocate(5_000) is None  # both in use: torch's path
     assert pool.fallbacks == 1
-    (_, args), _ = _send(pool, a)
+    args, _, _ = _send(pool, a)
     del a
     pool.release((args[1], args[2]))
     c = pool.allocate(50_000)  # a new size: the free block of the old size makes room
     assert c is not None
-    _, evicted = _send(pool, c)
+    _, _, evicted = _send(pool, c)
     assert evicted == (args[1],)
 
 
@@ -188,7 +225,7 @@ def test_a_pool_keeps_few_free_blocks_after_a_burst() -> None:
     uses = []
     for s in storages:
         assert s is not None
-        (_, args), _ = _send(pool, s)
+        args, _, _ = _send(pool, s)
         uses += [args[1], args[2]]
     del storages, s
     pool.release(tuple(uses))  # ...then let them all go
@@ -196,7 +233,7 @@ def test_a_pool_keeps_few_free_blocks_after_a_burst() -> None:
     assert len(pool._blocks) == 4
     fresh = pool.allocate(5_000)
     assert fresh is not None
-    _, evicted = _send(pool, fresh)
+    _, _, evicted = _send(pool, fresh)
     assert len(evicted) == 4  # the main process unmaps what the worker dropped
 
 
@@ -225,8 +262,8 @@ def test_the_main_process_maps_a_block_once_and_unmaps_evicted_ones() -> None:
         again = pool.allocate(100_000)
         assert again is not None
         assert pool.hits == 1
-        (_, args), _ = _send(pool, again)
-        assert args[5] is None
+        _, fds, _ = _send(pool, again)
+        assert fds == ()
         _shm.forget_blocks(token, (0,))
         assert _shm._maps[token] == {}
     finally:
@@ -245,3 +282,76 @@ def test_a_batch_outlives_its_killed_worker() -> None:
             pass
     del it
     assert torch.equal(first, expected([0, 1, 2, 3]))  # the memfd lives while mapped here
+
+
+def test_a_batch_that_fails_to_pickle_leaves_no_descriptor_behind() -> None:
+    token = "test-fail"
+    pool = _shm.BlockPool(token, max_blocks=4, min_bytes=INLINE_MAX)
+    saved = _shm.pool
+    _shm.pool = pool
+    try:
+        fds_before = 0
+        for attempt in range(20):
+            if attempt == 1:  # after the first: lazily opened files are open by now
+                fds_before = len(os.listdir("/proc/self/fd"))
+            storage = pool.allocate(100_000)
+            assert storage is not None
+            batch = [torch.empty((), dtype=torch.uint8).set_(storage), lambda: None]
+            reply = pack(Result(0, 0, 0, batch))
+            del batch, storage
+            assert isinstance(reply, Failure)
+        assert len(os.listdir("/proc/self/fd")) == fds_before
+        assert pool.created == 1  # the one block, freed after every failure
+        assert pool.hits == 19
+    finally:
+        _shm.pool = saved
+
+
+def test_a_batch_collected_while_the_pool_is_busy_does_not_deadlock() -> None:
+    # The finalizer of a pooled storage may run inside a garbage collection that starts while
+    # the pool's own thread holds its lock (a batch in a reference cycle, e.g. a traceback).
+    pool = _shm.BlockPool("t", max_blocks=8)
+    storage = pool.allocate(100_000)
+    holder = [torch.empty((), dtype=torch.uint8).set_(storage)]
+    del storage
+    fired: list[bool] = []
+
+    def make_garbage(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start" and pool._lock.locked() and holder:
+            cycle: list[Any] = [holder.pop()]
+            cycle.append(cycle)
+            fired.append(True)
+
+    def churn() -> None:
+        for _ in range(2000):
+            pool.allocate(100_000)
+
+    gc.callbacks.append(make_garbage)
+    threshold = gc.get_threshold()
+    gc.set_threshold(1)
+    try:
+        worker = threading.Thread(target=churn, daemon=True)
+        worker.start()
+        worker.join(10)
+    finally:
+        gc.set_threshold(*threshold)
+        gc.callbacks.remove(make_garbage)
+    assert fired, "no collection ran under the lock: the test did not exercise the case"
+    assert not worker.is_alive(), "pool.allocate() deadlocked on its own lock"
+
+
+def test_a_forked_child_does_not_inherit_the_pool_or_mappings() -> None:
+    token = "test-fork"
+    _shm.register_token(token)
+    saved = _shm.pool
+    _shm.pool = _shm.BlockPool(token, max_blocks=2)
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child: exit at once with what it sees, never return into pytest
+            os._exit(0 if _shm.pool is None and token not in _shm._maps else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert _shm.pool is not None  # the parent keeps its own
+    finally:
+        _shm.pool = saved
+        _shm.unregister_token(token)

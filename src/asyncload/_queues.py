@@ -69,6 +69,8 @@ class Packed:
     payload: bytes
     pool: str = ""
     """The sending worker's block pool, when it has one."""
+    fds: tuple[tuple[int, int, Any], ...] = ()
+    """``(id, size, DupFd)`` of blocks the main process has not mapped yet."""
     evicted: tuple[int, ...] = ()
     """Blocks of that pool the worker dropped: the main process unmaps them."""
 
@@ -84,7 +86,7 @@ def pack(msg: Result) -> Packed | Failure:
         _Pickler(buf).dump(msg)
     except Exception as e:
         error = e
-    evicted = pool.end(sent=error is None) if pool is not None else ()
+    fds, evicted = pool.end(sent=error is None) if pool is not None else ((), ())
     if error is not None:
         exc = TypeError(
             f"the batch could not be pickled to reach the main process: "
@@ -96,14 +98,24 @@ def pack(msg: Result) -> Packed | Failure:
         if evicted:  # rare: the main process unmaps them with the next batch instead
             assert pool is not None
             pool.unsend_evicted(evicted)
-        return Failure(msg.send_idx, msg.generation, msg.worker_id, RemoteError.capture(exc, where))
-    return Packed(buf.getvalue(), pool.token if pool is not None else "", evicted)
+        failure = Failure(
+            msg.send_idx, msg.generation, msg.worker_id, RemoteError.capture(exc, where)
+        )
+        # The traceback (now formatted into the Failure) holds the pickler's frames and thus
+        # the batch: drop it, so the batch's shared memory is freed now, not at the next
+        # garbage collection.
+        error.__traceback__ = None
+        return failure
+    return Packed(buf.getvalue(), pool.token if pool is not None else "", fds, evicted)
 
 
 def unpack(obj: Any) -> Any:
     """The message inside a :class:`Packed`; anything else is returned as it is."""
-    if isinstance(obj, Packed):
-        if obj.evicted:
-            _shm.forget_blocks(obj.pool, obj.evicted)
+    if not isinstance(obj, Packed):
+        return obj
+    if obj.evicted:
+        _shm.forget_blocks(obj.pool, obj.evicted)
+    if not obj.fds:
         return pickle.loads(obj.payload)
-    return obj
+    with _shm.unpickling(obj.pool, _shm.map_blocks(obj.pool, obj.fds)):
+        return pickle.loads(obj.payload)

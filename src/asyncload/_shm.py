@@ -14,8 +14,9 @@ both sides::
     ──────────────                                    ────────────
     collate_fn → UntypedStorage._new_shared(n)
        └ a free block b, use number s
-    pack: tensor → BlockRef(b, s), plus b's fd
-          until the main process has b mapped ── Result ──►  map b once, cache it; the batch
+    pack: tensor → BlockRef(b, s); b's fd rides
+          beside the message until the main
+          process has b mapped              ── Packed ──►   map b once, cache it; the batch
                                                               views the mapping, no copy
                                                               ...the training loop drops it...
                                                               storage freed → finalizer
@@ -25,7 +26,16 @@ Rules that keep it safe:
 
 * A block is reused only when both sides are done with it: the worker's own storage is gone and
   the main process has said that the storage it built for use ``s`` is gone. A release for an
-  older use number is ignored, so a late or repeated release can never free a block in use.
+  older use number is ignored, so a late or repeated release can never free a block in use. A
+  block named in a message being pickled is not free even if its storage dies meanwhile (a view
+  of it that torch pickles its own way moves the storage out).
+* Finalizers run in whatever thread drops the last reference, also inside a garbage collection
+  that started while the pool's lock was held: they only append to a deque, drained under the
+  lock.
+* Descriptors are attached after a message pickled successfully, so a batch that fails to pickle
+  leaves none behind.
+* Views of one ordinary storage are copied once, as one block, so they still share it after the
+  crossing, as with torch's own path.
 * When the pool is full (a training loop keeping many batches, or batches too big for it),
   allocation falls back to torch's own shared memory: slower, never wrong.
 * Large tensors that are not in shared memory (a ``collate_fn`` that builds ordinary tensors)
@@ -43,10 +53,12 @@ to another process moves them into torch's shared memory as for any tensor.
 from __future__ import annotations
 
 import collections
+import contextlib
 import mmap
 import os
 import threading
 import weakref
+from collections.abc import Iterator
 from multiprocessing.reduction import DupFd
 from typing import Any
 
@@ -58,10 +70,12 @@ __all__ = [
     "BlockRef",
     "forget_blocks",
     "install_pool",
+    "map_blocks",
     "pool",
     "reduce_tensor",
     "register_token",
     "take_freed",
+    "unpickling",
     "unregister_token",
 ]
 
@@ -82,7 +96,19 @@ def supported() -> bool:
 
 
 class _Block:
-    __slots__ = ("addr", "cap", "fd", "id", "in_main", "in_worker", "mapped", "mm", "ref", "seq")
+    __slots__ = (
+        "addr",
+        "cap",
+        "fd",
+        "id",
+        "in_main",
+        "in_worker",
+        "mapped",
+        "mm",
+        "packing",
+        "ref",
+        "seq",
+    )
 
     def __init__(self, block_id: int, cap: int) -> None:
         self.id = block_id
@@ -98,6 +124,7 @@ class _Block:
         self.seq = 0
         self.in_worker = False  # a storage of this process views the block
         self.in_main = False  # the main process has a batch on it (use ``seq``)
+        self.packing = False  # named in the message being pickled: not free whatever happens
         self.mapped = False  # the main process has told us it mapped the block
         self.ref: BlockRef | None = None
 
@@ -149,7 +176,12 @@ class BlockPool:
         self._next_id = 0
         self._evicted: list[int] = []
         self._packing: list[_Block] | None = None
-        self._keepalive: list[torch.Tensor] = []  # copies made while pickling one message
+        self._keepalive: list[torch.UntypedStorage] = []  # copies made while pickling a message
+        self._copies: dict[tuple[int, int], BlockRef] = {}  # source storage → its copy's block
+        # Worker-side storages that died, as (id, use): appended by a finalizer, which may run
+        # in any thread *and* inside a garbage collection that started while this thread held
+        # the lock, so it must not take the lock itself; drained under the lock.
+        self._dropped: collections.deque[tuple[int, int]] = collections.deque()
         self.hits = 0
         self.created = 0
         self.fallbacks = 0
@@ -160,6 +192,7 @@ class BlockPool:
         """A storage of *nbytes* on a pooled block, or None when the pool is full."""
         cap = _round_up(nbytes)
         with self._lock:
+            self._drain_dropped()
             block = self._take_free(cap) or self._create(cap)
             if block is None:
                 self.fallbacks += 1
@@ -207,7 +240,12 @@ class BlockPool:
         block.close()
 
     def _maybe_free(self, block: _Block) -> None:
-        if not block.in_worker and not block.in_main and block.id in self._blocks:
+        if (
+            not block.in_worker
+            and not block.in_main
+            and not block.packing
+            and block.id in self._blocks
+        ):
             block.ref = None
             self._free[block.id] = block
             # After a burst (a loop that kept many batches, then let go) don't stay resident:
@@ -217,7 +255,14 @@ class BlockPool:
                 self._drop(old)
 
     def _worker_done(self, block_id: int, seq: int) -> None:
-        with self._lock:
+        self._dropped.append((block_id, seq))  # no lock: see _dropped
+
+    def _drain_dropped(self) -> None:
+        while True:
+            try:
+                block_id, seq = self._dropped.popleft()
+            except IndexError:
+                return
             block = self._blocks.get(block_id)
             if block is not None and block.seq == seq:
                 block.in_worker = False
@@ -226,6 +271,7 @@ class BlockPool:
     def release(self, freed: tuple[int, ...]) -> None:
         """The main process is done with these uses: ``(id0, seq0, id1, seq1, ...)``."""
         with self._lock:
+            self._drain_dropped()
             for i in range(0, len(freed) - 1, 2):
                 block = self._blocks.get(freed[i])
                 if block is not None and block.seq == freed[i + 1] and block.in_main:
@@ -250,26 +296,59 @@ class BlockPool:
         self._packing = []
 
     def reduce_ref(self, ref: BlockRef) -> tuple[Any, ...]:
+        """Pickle a block use as its id: the descriptor, if needed, travels beside the message
+        (:meth:`end`), so a message that fails to pickle leaves no descriptor behind."""
         block = ref.block
+        with self._lock:
+            block.packing = True  # a view going torch's way may free our storage mid-pickle
         if self._packing is not None:
             self._packing.append(block)
-        fd = None if block.mapped else DupFd(block.fd)
-        return _open_block, (self.token, block.id, ref.seq, ref.nbytes, block.cap, fd)
+        return _open_block, (self.token, block.id, ref.seq, ref.nbytes)
 
-    def end(self, sent: bool) -> tuple[int, ...]:
+    def copy_ref(self, t: torch.Tensor) -> BlockRef | None:
+        """A block holding a copy of *t*'s whole storage, one per storage per message, so views
+        of one storage still share it after the crossing (as with torch's own path)."""
+        storage = t.untyped_storage()
+        key = (storage.data_ptr(), storage.nbytes())
+        ref = self._copies.get(key)
+        if ref is not None:
+            return ref
+        if storage.is_shared() or storage.nbytes() <= self.min_bytes:
+            return None
+        copy = self.allocate(storage.nbytes())
+        if copy is None:
+            return None
+        copy.copy_(storage)
+        self._keepalive.append(copy)  # until the message is pickled
+        block = self._by_addr[copy.data_ptr()]
+        assert block.ref is not None
+        self._copies[key] = block.ref
+        return block.ref
+
+    def end(self, sent: bool) -> tuple[tuple[tuple[int, int, Any], ...], tuple[int, ...]]:
         """Finish a message: its blocks now belong to the main process if it was *sent*.
 
-        Returns the ids of blocks dropped since the last message, for the main process to unmap.
+        Returns the descriptors of blocks the main process has not mapped yet, as
+        ``(id, size, DupFd)``, and the ids of blocks dropped since the last message, for the
+        main process to unmap.
         """
         packed, self._packing = self._packing or [], None
+        fds: list[tuple[int, int, Any]] = []
         with self._lock:
-            if sent:
-                for block in packed:
+            self._drain_dropped()
+            for block in packed:
+                block.packing = False
+                if sent:
                     block.in_main = True
+                    if not block.mapped:
+                        fds.append((block.id, block.cap, DupFd(block.fd)))
+                else:
+                    self._maybe_free(block)
             evicted, self._evicted = tuple(self._evicted), []
         # Only now: dropping a copy frees its block unless the main process has it.
         self._keepalive.clear()
-        return evicted
+        self._copies.clear()
+        return tuple(fds), evicted
 
     def unsend_evicted(self, evicted: tuple[int, ...]) -> None:
         """*evicted* (from :meth:`end`) did not reach the main process: name them again later."""
@@ -279,6 +358,19 @@ class BlockPool:
 
 pool: BlockPool | None = None
 """This worker process's pool, once :func:`install_pool` ran."""
+
+
+def _after_fork_in_child() -> None:
+    # A process forked from a worker must not allocate from the worker's blocks, and one forked
+    # from the main process (a worker under "fork") has no use for the main's mappings.
+    global pool
+    pool = None
+    _maps.clear()
+    _freed.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 _torch_new_shared: Any = None
 
@@ -315,29 +407,11 @@ def reduce_tensor(t: torch.Tensor) -> tuple[Any, ...] | None:
     """How to pickle *t* through the pool, or None for torch's own way."""
     if pool is None:
         return None
-    ref = pool.ref_for(t)
+    # A storage from the pool (default_collate's output), or else an ordinary storage copied
+    # into a warm block: one copy instead of torch's copy into a fresh segment.
+    ref = pool.ref_for(t) or pool.copy_ref(t)
     if ref is None:
-        # An ordinary tensor owning its whole storage: one copy into a warm block beats torch's
-        # copy into a fresh segment. Views and storages shared with other tensors go torch's way.
-        storage = t.untyped_storage()
-        nbytes = t.numel() * t.element_size()
-        if (
-            nbytes <= pool.min_bytes
-            or t.storage_offset() != 0
-            or storage.nbytes() != nbytes
-            or not t.is_contiguous()
-            or storage.is_shared()
-        ):
-            return None
-        block_storage = pool.allocate(nbytes)
-        if block_storage is None:
-            return None
-        copy = torch.empty((), dtype=t.dtype).set_(block_storage, 0, t.shape, t.stride())
-        copy.copy_(t)
-        ref = pool.ref_for(copy)
-        if ref is None:  # pragma: no cover - a block just allocated is always ours
-            return None
-        pool._keepalive.append(copy)  # until the message is pickled
+        return None
     return _rebuild, (ref, t.dtype, t.storage_offset(), tuple(t.shape), tuple(t.stride()))
 
 
@@ -394,34 +468,63 @@ def _release(token: str, block_id: int, seq: int) -> None:
         dq.append(seq)
 
 
-def _open_block(
-    token: str, block_id: int, seq: int, nbytes: int, cap: int, fd: Any
-) -> torch.UntypedStorage:
-    """Unpickling a pooled storage in the main process (or in a worker's child, by accident)."""
-    new_fd = fd.detach() if fd is not None else None
-    try:
-        key = (token, block_id, seq)
-        arr = _views.get(key)
-        if arr is None:
+_unpacking = threading.local()  # the mappings of the message being unpickled in this thread
+
+
+def map_blocks(token: str, fds: tuple[tuple[int, int, Any], ...]) -> dict[int, mmap.mmap]:
+    """Map the blocks a message brings descriptors for (``(id, size, DupFd)``), once each.
+
+    Returns the message's new mappings; :func:`unpickling` makes them visible to
+    :func:`_open_block` also when *token* is no longer registered.
+    """
+    new: dict[int, mmap.mmap] = {}
+    for block_id, cap, dup in fds:
+        fd = dup.detach()  # always: the worker's resource sharer holds the duplicate till then
+        try:
             with _main_lock:
                 blocks = _maps.get(token)
-                mm = blocks.get(block_id) if blocks is not None else None
-                if mm is None:
-                    if new_fd is None:
-                        raise RuntimeError(
-                            f"asyncload: shared-memory block {block_id} of worker pool {token} "
-                            "arrived without its descriptor (the batch outlived its loader?)"
-                        )
-                    mm = mmap.mmap(new_fd, cap)
-                    if blocks is not None:
-                        blocks[block_id] = mm
-            arr = np.frombuffer(mm, dtype=np.uint8, count=nbytes)
-            _views[key] = arr
-            weakref.finalize(arr, _release, token, block_id, seq)
-        return torch.from_numpy(arr).untyped_storage()
+                if blocks is not None and block_id in blocks:
+                    continue
+                mm = new[block_id] = mmap.mmap(fd, cap)
+                if blocks is not None:
+                    blocks[block_id] = mm
+        finally:
+            os.close(fd)
+    return new
+
+
+@contextlib.contextmanager
+def unpickling(token: str, new: dict[int, mmap.mmap]) -> Iterator[None]:
+    """``with unpickling(token, map_blocks(...)): pickle.loads(...)``."""
+    _unpacking.state = (token, new)
+    try:
+        yield
     finally:
-        if new_fd is not None:
-            os.close(new_fd)
+        _unpacking.state = None
+
+
+def _open_block(token: str, block_id: int, seq: int, nbytes: int) -> torch.UntypedStorage:
+    """Unpickling a pooled storage in the main process."""
+    key = (token, block_id, seq)
+    arr = _views.get(key)
+    if arr is None:
+        with _main_lock:
+            blocks = _maps.get(token)
+            mm = blocks.get(block_id) if blocks is not None else None
+        if mm is None:
+            state = getattr(_unpacking, "state", None)
+            if state is not None and state[0] == token:
+                mm = state[1].get(block_id)
+        if mm is None:
+            raise RuntimeError(
+                f"asyncload: shared-memory block {block_id} of a worker's pool is not mapped in "
+                "this process: a batch was unpickled after its loader shut down, or outside "
+                "the loader (batches from a worker are for the process that started it)"
+            )
+        arr = np.frombuffer(mm, dtype=np.uint8, count=nbytes)
+        _views[key] = arr
+        weakref.finalize(arr, _release, token, block_id, seq)
+    return torch.from_numpy(arr).untyped_storage()
 
 
 def _rebuild(
