@@ -75,7 +75,6 @@ class HttpBackend(Backend):
 
     def __init__(self) -> None:
         self._clients: dict[int, _LoopClient] = {}
-        self._timeouts: dict[tuple[float, float, float | None], aiohttp.ClientTimeout] = {}
         self._ssl: dict[tuple[bool, str | None], ssl.SSLContext | bool] = {}
         # id(options) -> (options, headers, timeout, ssl): built once per options object, not
         # per request (options objects live as long as their configure() entry).
@@ -116,16 +115,14 @@ class HttpBackend(Backend):
             await client.session.close()
             await client.closer.aclose()  # type: ignore[attr-defined]
 
-    def _timeout(self, options: StorageOptions) -> aiohttp.ClientTimeout:
-        key = (options.connect_timeout, options.read_timeout, options.total_timeout)
-        timeout = self._timeouts.get(key)
-        if timeout is None:
-            timeout = self._timeouts[key] = aiohttp.ClientTimeout(
-                total=options.total_timeout,
-                sock_connect=options.connect_timeout,
-                sock_read=options.read_timeout,
-            )
-        return timeout
+    @staticmethod
+    def _timeout(options: StorageOptions) -> aiohttp.ClientTimeout:
+        # Built once per options object (see _per_options), so not cached on its own.
+        return aiohttp.ClientTimeout(
+            total=options.total_timeout,
+            sock_connect=options.connect_timeout,
+            sock_read=options.read_timeout,
+        )
 
     def _ssl_for(self, options: StorageOptions) -> ssl.SSLContext | bool:
         key = (options.verify, options.ca_bundle)
