@@ -132,11 +132,18 @@ async def test_large_member_and_no_end_marker(tmp_path: Path) -> None:
             tar.addfile(info, io.BytesIO(data))
         members_end = tar.offset
     (tmp_path / "a.tar").write_bytes(buf.getvalue())
-    # Without the end-of-archive blocks: tolerated, like tarfile and GNU tar.
+    # Without the end-of-archive blocks: read, like tarfile and GNU tar, but with a warning
+    # (a shard cut short at a member boundary looks just like this).
     (tmp_path / "b.tar").write_bytes(buf.getvalue()[:members_end])
     for name in ("a.tar", "b.tar"):
-        samples = await collect(TarShards([str(tmp_path / name)], chunk_size=4096))
+        ds = TarShards([str(tmp_path / name)], chunk_size=4096)
+        if name == "a.tar":
+            samples = await collect(ds)
+        else:
+            with pytest.warns(AsyncloadWarning, match="without tar's end-of-archive block"):
+                samples = await collect(ds)
         assert [(s["__key__"], s["bin"] == big, s["txt"]) for s in samples] == [("k", True, b"x")]
+        assert ds.shard_stats().unterminated == (name == "b.tar")
 
 
 @pytest.mark.asyncio

@@ -20,6 +20,7 @@ import io
 import os
 import pickle
 import warnings
+from collections import Counter
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Mapping
 from contextlib import aclosing
 from typing import Any, Literal, cast
@@ -34,9 +35,19 @@ from .._exceptions import ArchiveError
 from .._redact import redact_url
 from .._sharding import get_worker_info, rank_and_world_size
 from ..sources import StorageOptions
-from ._tarstream import Channel, Failed, expand_urls, iter_members, split_name, unsafe_reason
+from ._gzip import maybe_gunzip
+from ._shardcheck import ShardStats, note_ending
+from ._tarstream import (
+    Channel,
+    Ending,
+    Failed,
+    expand_urls,
+    iter_members,
+    split_name,
+    unsafe_reason,
+)
 
-__all__ = ["PICKLE_EXTENSIONS", "TarShards"]
+__all__ = ["PICKLE_EXTENSIONS", "ShardStats", "TarShards"]
 
 Sample = dict[str, Any]
 Handler = Literal["raise", "warn", "skip"] | Callable[[Exception], bool]
@@ -44,7 +55,7 @@ Decoders = Mapping[str, Callable[[bytes], Any]] | Callable[[Sample], Sample] | N
 
 PICKLE_EXTENSIONS = frozenset({"pyd", "pickle", "pkl", "pth", "pt"})
 """Extensions whose members are pickles (``torch.save`` files included): bytes unless
-``allow_pickle=True``."""
+``allow_pickle=True``. Compared in any letter case, as every extension is."""
 
 
 def _unpickle(data: bytes) -> Any:
@@ -93,18 +104,26 @@ class TarShards(IterableDataset[Sample]):
     ``shuffle_buffer`` samples seeded from ``(seed, epoch, rank, world_size, worker,
     num_workers)``. The same arguments give the same order whatever the network timing.
 
+    **Compression.** A shard whose name ends in ``.tar.gz`` or ``.tgz`` (or whose bytes start
+    like gzip) is decompressed as it streams, never held whole.
+
     **Safety.** Absolute paths, ``..``, links, devices and fifos raise :class:`ArchiveError`, as
     do corrupt headers (naming the shard and the byte offset). Members ending in one of
-    :data:`PICKLE_EXTENSIONS` stay ``bytes`` unless ``allow_pickle=True``.
+    :data:`PICKLE_EXTENSIONS`, in any letter case, stay ``bytes`` unless ``allow_pickle=True``.
+    A shard that holds no sample, or ends without tar's end-of-archive block (cut short at a
+    member boundary), gives an :class:`AsyncloadWarning` and is counted in
+    :meth:`shard_stats`.
 
     Args:
-        urls: Shard URLs (any iterable of ``str`` or a NumPy array), or one brace pattern such as
-            ``"s3://bucket/train-{000000..000127}.tar"``.
+        urls: Shard URLs (any iterable of ``str`` or a NumPy array), or one pattern as WebDataset
+            reads it: brace-expanded (``"s3://bucket/train-{000000..000127}.tar"``, steps
+            ``{0..98..2}``, nested braces), several joined with ``::``.
         shuffle_shards: Permute the shard list every epoch.
         shuffle_buffer: Size of the per-reader shuffle buffer; ``0`` keeps the interleaved order.
         seed: Seed of every shuffle.
         decoders: ``{extension: fn(bytes)}`` (the full extension such as ``"seg.png"`` wins over
-            its last part ``"png"``), or ``fn(sample) -> sample`` for the whole sample.
+            its last part ``"png"``; letter case is ignored), or ``fn(sample) -> sample`` for
+            the whole sample.
         decode_in_thread: Run decoders in the worker's thread pool, several samples at once, so
             CPU-heavy decoding (images, audio) overlaps with streaming.
         shards_in_flight: Shards each reader interleaves at once.
@@ -164,7 +183,7 @@ class TarShards(IterableDataset[Sample]):
         if isinstance(handler, str) and handler not in ("raise", "warn", "skip"):
             raise ValueError(f"handler must be 'raise', 'warn', 'skip' or a callable: {handler!r}")
         if isinstance(decoders, Mapping) and not allow_pickle:
-            risky = sorted(e for e in decoders if e.rsplit(".", 1)[-1] in PICKLE_EXTENSIONS)
+            risky = sorted(e for e in decoders if e.rsplit(".", 1)[-1].lower() in PICKLE_EXTENSIONS)
             if risky:
                 raise ValueError(
                     f"decoders for pickle extensions {risky} need allow_pickle=True: "
@@ -184,6 +203,7 @@ class TarShards(IterableDataset[Sample]):
         self.storage_options = dict(storage_options) if storage_options else None
         self.epoch = 0
         self._table = self._decoder_table()
+        self._counts: Counter[str] = Counter()
 
     # ── public helpers ─────────────────────────────────────────────────────────────────────
 
@@ -191,6 +211,19 @@ class TarShards(IterableDataset[Sample]):
     def urls(self) -> list[str]:
         """The shard URLs, in the order given."""
         return [str(u) for u in self._urls]
+
+    def shard_stats(self) -> ShardStats:
+        """Counts of the shards this process has streamed so far, suspect ones included.
+
+        Each worker process counts its own shards (a copy of the dataset lives in each);
+        with ``num_workers=0`` the loader's own process does the reading.
+
+        Example:
+            >>> TarShards(["/data/0.tar"]).shard_stats().suspect
+            0
+        """
+        c = self._counts
+        return ShardStats(shards=c["shards"], empty=c["empty"], unterminated=c["unterminated"])
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch whose shard permutation and shuffle to use (``loader.set_epoch``)."""
@@ -355,10 +388,16 @@ class TarShards(IterableDataset[Sample]):
         url = str(self._urls[sid])
         shown = redact_url(url)
         try:
-            chunks = cast(
+            raw = cast(
                 AsyncGenerator[bytes, None], _storage.stream(url, chunk_size=self.chunk_size)
             )
-            async with aclosing(chunks), aclosing(iter_members(chunks, url)) as members:
+            ending = Ending()
+            samples = 0
+            async with (
+                aclosing(raw),
+                aclosing(maybe_gunzip(raw, url, self.chunk_size)) as chunks,
+                aclosing(iter_members(chunks, url, ending)) as members,
+            ):
                 sample: Sample | None = None
                 size = 0
                 async for m in members:
@@ -376,6 +415,7 @@ class TarShards(IterableDataset[Sample]):
                     if sample is None or key != sample["__key__"]:
                         if sample is not None:
                             await channel.put(sample, size)
+                            samples += 1
                         sample = {"__key__": key, "__url__": shown}
                         size = 0
                     if ext in sample:
@@ -386,6 +426,9 @@ class TarShards(IterableDataset[Sample]):
                     size += len(m.data)
                 if sample is not None:
                     await channel.put(sample, size)
+                    samples += 1
+            # Inside the try: with warnings turned into errors, the warning fails the shard.
+            note_ending(self._counts, shown, samples, ending)
         except Exception as exc:
             channel.fail(exc, handled=False)
             return
@@ -413,7 +456,7 @@ class TarShards(IterableDataset[Sample]):
                 table[ext] = _unpickle
             table["pth"] = table["pt"] = _torch_load
         if isinstance(self.decoders, Mapping):
-            table.update(self.decoders)
+            table.update((ext.lower(), fn) for ext, fn in self.decoders.items())
         return table
 
     def _decode(self, sample: Sample) -> Sample:
@@ -424,7 +467,8 @@ class TarShards(IterableDataset[Sample]):
             return sample
         out: Sample = {}
         for field, value in sample.items():
-            fn = table.get(field) or table.get(field.rsplit(".", 1)[-1])
+            name = field.lower()
+            fn = table.get(name) or table.get(name.rsplit(".", 1)[-1])
             if fn is None or field.startswith("__"):
                 out[field] = value
             else:

@@ -9,7 +9,10 @@ order. Every other member kind is reported, not acted on, so the caller decides 
     chunks ──► _Buffer ──► 512-byte header ──► pax/GNU extensions ──► Member(name, kind, data)
 
 A corrupt header (bad checksum, bad number) or a stream that ends inside a header or a member
-raises :class:`~asyncload.ArchiveError` naming the shard (redacted) and the byte offset.
+raises :class:`~asyncload.ArchiveError` naming the shard (redacted) and the byte offset. A stream
+that ends *between* members without tar's end-of-archive blocks is not an error (tarfile and GNU
+tar accept it) but is reported through :class:`Ending`, so the caller can warn: it is what a
+shard cut short at a member boundary looks like.
 
 Also here, the small pieces ``TarShards`` builds samples with: :func:`split_name` (WebDataset's
 key/extension rule), :func:`expand_urls` (brace patterns) and :class:`Channel` (one shard's
@@ -24,6 +27,8 @@ import re
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 
+from braceexpand import braceexpand
+
 from .._exceptions import ArchiveError
 from .._redact import redact_url
 
@@ -31,6 +36,7 @@ __all__ = [
     "BLOCK",
     "END",
     "Channel",
+    "Ending",
     "Failed",
     "Member",
     "expand_urls",
@@ -54,7 +60,8 @@ _KINDS = {
     b"6": "fifo",
 }
 _GNU_MAGIC = b"ustar  \0"
-_BRACE = re.compile(r"\{([^{}]*)\}")
+# "::" joins patterns, except inside an IPv6 host literal such as http://[::1]:8000/.
+_JOIN = re.compile(r"::(?![^\[]*\])")
 END = object()
 """The last item of a :class:`Channel` whose shard was read to the end."""
 
@@ -68,6 +75,18 @@ class Member:
     kind: str
     data: bytes
     offset: int
+
+
+@dataclass(slots=True)
+class Ending:
+    """How a tar stream ended, filled in by :func:`iter_members` as it reads.
+
+    ``marker``: tar's end-of-archive block was read (every tar writer writes it, so a shard
+    without it was most likely cut short). ``size``: bytes of the archive read.
+    """
+
+    marker: bool = False
+    size: int = 0
 
 
 class _Buffer:
@@ -195,11 +214,15 @@ def unsafe_reason(member: Member) -> str | None:
     return None
 
 
-async def iter_members(chunks: AsyncIterator[bytes], url: str) -> AsyncGenerator[Member, None]:
+async def iter_members(
+    chunks: AsyncIterator[bytes], url: str, ending: Ending | None = None
+) -> AsyncGenerator[Member, None]:
     """Yield every member of the tar stream *chunks* (read from *url*) in archive order.
 
     Pax and GNU extension headers are folded into the member they describe. Directories,
-    links, devices and fifos are yielded with empty data; their policy is the caller's.
+    links, devices and fifos are yielded with empty data; their policy is the caller's. When
+    the stream is done, *ending* (if given) says whether it ended with tar's end-of-archive
+    block and how many bytes were read.
 
     Raises:
         ArchiveError: A header checksum or number is invalid, the stream ends inside a header or
@@ -212,11 +235,15 @@ async def iter_members(chunks: AsyncIterator[bytes], url: str) -> AsyncGenerator
     while True:
         offset = buf.consumed
         header = await buf.read(BLOCK)
+        if ending is not None:
+            ending.size = buf.consumed
         if not header:
             return  # no end-of-archive blocks: tolerated, as tarfile and GNU tar do
         if len(header) < BLOCK:
             raise _error(url, offset, "truncated tar header")
         if header[0] == 0 and header.count(0) == BLOCK:  # a real header starts with its name
+            if ending is not None:
+                ending.marker = True
             return  # end-of-archive marker; whatever padding follows is not read
         if not _checksum_ok(header, _number(header[148:156], url, offset)):
             raise _error(url, offset, "bad tar header checksum (corrupt shard or not a tar)")
@@ -265,25 +292,26 @@ async def iter_members(chunks: AsyncIterator[bytes], url: str) -> AsyncGenerator
 
 
 def expand_urls(pattern: str) -> list[str]:
-    """Expand ``{000..099}`` ranges (zero padding kept) and ``{a,b}`` lists, as webdataset does.
+    """Expand a shard pattern as WebDataset does: ``::`` separates patterns, each brace-expanded.
+
+    Brace expansion is the ``braceexpand`` package's (bash rules): ``{000..099}`` ranges keep
+    their zero padding, ``{0..98..2}`` steps, ``{a..e}`` letters, ``{a,b}`` lists, and braces
+    nest (``{train-{0..1},val}``). ``\\{`` is a literal brace.
 
     Example:
         >>> expand_urls("s3://bucket/train-{00..02}.tar")
         ['s3://bucket/train-00.tar', 's3://bucket/train-01.tar', 's3://bucket/train-02.tar']
+        >>> expand_urls("/a/{0..4..2}.tar::/b/x.tar")
+        ['/a/0.tar', '/a/2.tar', '/a/4.tar', '/b/x.tar']
     """
-    m = _BRACE.search(pattern)
-    if m is None:
-        return [pattern]
-    body = m.group(1)
-    span = re.fullmatch(r"(\d+)\.\.(\d+)", body)
-    if span:
-        lo, hi = span.groups()
-        width = len(lo) if len(lo) == len(hi) else 0
-        options = [f"{i:0{width}d}" for i in range(int(lo), int(hi) + 1)]
-    else:
-        options = body.split(",")
-    head, tail = pattern[: m.start()], pattern[m.end() :]
-    return [url for option in options for url in expand_urls(head + option + tail)]
+    urls: list[str] = []
+    for part in _JOIN.split(pattern):
+        if part:
+            try:
+                urls.extend(braceexpand(part))
+            except Exception as exc:  # UnbalancedBracesError and its kin
+                raise ValueError(f"shard pattern {redact_url(part)!r}: {exc}") from None
+    return urls
 
 
 def split_name(name: str) -> tuple[str, str] | None:
