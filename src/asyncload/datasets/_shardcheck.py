@@ -53,7 +53,12 @@ def note_ending(counts: Counter[str], shown: str, samples: int, ending: Ending) 
     counts["shards"] += 1
     if samples == 0:
         counts["empty"] += 1
-        what = "is empty" if ending.size == 0 else f"holds no sample ({ending.size} bytes)"
+        if ending.size == 0:
+            what = "is empty (0 bytes)"
+        elif ending.marker:
+            what = "holds no sample, only tar's end-of-archive block"
+        else:
+            what = f"holds no sample in its {ending.size} bytes"
         warnings.warn(
             f"TarShards: shard {shown} {what}; is the URL right and the upload complete?",
             AsyncloadWarning,
