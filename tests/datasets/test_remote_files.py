@@ -139,3 +139,57 @@ def test_epoch_over_s3(s3_server: S3Server) -> None:
     )
     urls = [f"{bucket}/rf/{i:04d}" for i in range(N)]
     check_epoch(run_epoch(RemoteFiles(urls)))
+
+
+# ── decode(data, *, url, index): labels from paths ──────────────────────────────────────────
+
+
+def label_from_folder(data: bytes, *, url: str) -> tuple[bytes, str]:
+    return data, url.rsplit("/", 2)[-2]
+
+
+def with_index(data: bytes, index: int) -> tuple[int, int]:
+    return index, len(data)
+
+
+def with_both(data: bytes, *, index: int, url: str) -> str:
+    return f"{index}:{url.rsplit('/', 1)[-1]}:{data.decode()}"
+
+
+def only_kwargs(data: bytes, **kwargs: object) -> object:
+    # A decoder taking **kwargs (json.loads does) must not be handed url=/index=.
+    assert not kwargs, kwargs
+    return data
+
+
+@pytest.mark.asyncio
+async def test_decode_gets_the_url_and_index_it_names(tmp_path: Path) -> None:
+    urls = []
+    for i, cls in enumerate(["cat", "dog", "cat"]):
+        (tmp_path / cls).mkdir(exist_ok=True)
+        (tmp_path / cls / f"{i}.bin").write_bytes(b"x%d" % i)
+        urls.append(str(tmp_path / cls / f"{i}.bin"))
+    assert await RemoteFiles(urls, decode=label_from_folder)[1] == (b"x1", "dog")
+    assert await RemoteFiles(urls, decode=with_index)[2] == (2, 2)
+    assert await RemoteFiles(urls, decode=with_both, decode_in_thread=True)[0] == "0:0.bin:x0"
+    assert await RemoteFiles(urls, decode=only_kwargs)[0] == b"x0"
+    assert await RemoteFiles(urls, decode=bytes.upper)[0] == b"X0"  # decode(bytes) as before
+    # A decoder swapped in later, and a dataset that went through pickle, are read afresh.
+    ds = RemoteFiles(urls, decode=with_index)
+    assert await ds[0] == (0, 2)
+    ds.decode = label_from_folder
+    assert await ds[0] == (b"x0", "cat")
+    assert await pickle.loads(pickle.dumps(ds))[2] == (b"x2", "cat")
+    with pytest.raises(TypeError, match="must be callable"):
+        RemoteFiles(urls, decode="utf-8")  # type: ignore[arg-type]
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("no_leaks")
+def test_labels_from_class_folders_over_http(http_server: ObjectServer) -> None:
+    urls = [http_server.put(f"train/c{i % 3}/{i:04d}.bin", payload(i)) for i in range(N)]
+    loader = asyncload.DataLoader(
+        RemoteFiles(urls, decode=label_from_folder), batch_size=8, num_workers=2, collate_fn=list
+    )
+    got = [sample for batch in loader for sample in batch]
+    assert got == [(payload(i), f"c{i % 3}") for i in range(N)]

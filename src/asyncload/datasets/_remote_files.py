@@ -10,6 +10,8 @@ they pickle as two buffers for ``forkserver`` and ``spawn`` workers.
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
 import os
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -33,6 +35,25 @@ def _pack(urls: Iterable[str | bytes]) -> tuple[npt.NDArray[np.uint8], npt.NDArr
     return blob, offsets
 
 
+_PASSED = ("url", "index")
+
+
+def _wanted(decode: Callable[..., Any] | None) -> tuple[str, ...]:
+    """Which of ``url``/``index`` *decode* names as parameters (passed by keyword).
+
+    Only parameters named so count, never ``**kwargs``: ``json.loads`` takes ``**kw`` and would
+    choke on a ``url=``.
+    """
+    if decode is None:
+        return ()
+    try:
+        params = inspect.signature(decode).parameters
+    except (TypeError, ValueError):  # some builtins have no signature: bytes only
+        return ()
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return tuple(n for n in _PASSED if n in params and params[n].kind in named)
+
+
 class RemoteFiles(Dataset[Any]):
     """One sample per object URL: ``dataset[i]`` reads URL ``i`` and decodes it.
 
@@ -41,10 +62,18 @@ class RemoteFiles(Dataset[Any]):
     ``decode_in_thread=True`` it runs in the worker's thread pool, so a CPU-heavy decoder (JPEG,
     audio) does not stop the event loop from fetching the next samples meanwhile.
 
+    **Labels from paths.** A ``decode`` with a parameter named ``url`` and/or ``index`` gets the
+    sample's URL and/or index by keyword, besides the bytes; the signature is read once. So an
+    ImageFolder-style layout (``.../train/cat/001.jpg``) needs no subclass::
+
+        def decode(data, *, url):
+            return load_image(data), CLASSES.index(url.rsplit("/", 2)[-2])
+
     Args:
         urls: The object URLs, in sample order (any iterable of ``str``, or a NumPy array).
-        decode: ``decode(data: bytes) -> sample``; the raw ``bytes`` when ``None``. Must be
-            picklable (a module-level function) to reach ``forkserver``/``spawn`` workers.
+        decode: ``decode(data: bytes) -> sample``, or ``decode(data, *, url, index)`` with
+            either keyword (see above); the raw ``bytes`` when ``None``. Must be picklable (a
+            module-level function) to reach ``forkserver``/``spawn`` workers.
         decode_in_thread: Run ``decode`` via ``loop.run_in_executor(None, ...)``.
         storage_options: ``{prefix: StorageOptions or dict}`` applied with
             :func:`asyncload.configure_all` in each process that reads from this dataset.
@@ -64,24 +93,27 @@ class RemoteFiles(Dataset[Any]):
         self,
         urls: Iterable[str] | npt.NDArray[Any],
         *,
-        decode: Callable[[bytes], Any] | None = None,
+        decode: Callable[..., Any] | None = None,
         decode_in_thread: bool = False,
         storage_options: Mapping[str, StorageOptions | Mapping[str, Any]] | None = None,
     ) -> None:
         if isinstance(urls, (str, bytes)):
             raise TypeError("RemoteFiles(urls) takes a sequence of URLs, not a single string")
+        if decode is not None and not callable(decode):
+            raise TypeError(f"RemoteFiles(decode=...) must be callable, got {decode!r}")
         self._blob, self._offsets = _pack(urls)
         self.decode = decode
         self.decode_in_thread = decode_in_thread
         self.storage_options = dict(storage_options) if storage_options else None
         self._configured_in: int | None = None
+        self._wanted: tuple[Callable[..., Any], tuple[str, ...]] | None = None
 
     @classmethod
     def from_prefix(
         cls,
         prefix_url: str,
         *,
-        decode: Callable[[bytes], Any] | None = None,
+        decode: Callable[..., Any] | None = None,
         decode_in_thread: bool = False,
         storage_options: Mapping[str, StorageOptions | Mapping[str, Any]] | None = None,
     ) -> RemoteFiles:
@@ -130,13 +162,25 @@ class RemoteFiles(Dataset[Any]):
         decode = self.decode
         if decode is None:
             return data
+        wanted = self._wanted_by(decode)
+        if wanted:
+            given = {"url": url, "index": int(index)}
+            decode = functools.partial(decode, **{k: given[k] for k in wanted})
         if self.decode_in_thread:
             return await asyncio.get_running_loop().run_in_executor(None, decode, data)
         return decode(data)
 
+    def _wanted_by(self, decode: Callable[..., Any]) -> tuple[str, ...]:
+        # Read once per decoder (``decode`` is a plain attribute and may be replaced).
+        cached = self._wanted
+        if cached is None or cached[0] is not decode:
+            cached = self._wanted = (decode, _wanted(decode))
+        return cached[1]
+
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_configured_in"] = None  # each process applies storage_options itself
+        state["_wanted"] = None  # read the decoder's signature again after unpickling
         return state
 
     def __repr__(self) -> str:
