@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from ._remote_files import RemoteFiles
-from ._shardwriter import write_shards
+from ._shardcheck import ShardStats
+from ._shardwriter import ShardSummary, write_shards
 from ._tar import TarShards
 
-__all__ = ["RemoteFiles", "TarShards", "write_shards"]
+__all__ = ["RemoteFiles", "ShardStats", "ShardSummary", "TarShards", "write_shards"]
