@@ -66,7 +66,7 @@ def main() -> None:
         root = Path(tmp)
         make_folder(root / "files")
         paths = write_shards(root / "files", root / "shards", samples_per_shard=50)
-        print(f"wrote {len(paths)} shards")
+        print(paths)  # a summary: shards, samples, files, bytes, and any files left out
         server = serve(root / "shards")
         try:
             base = f"http://127.0.0.1:{server.server_address[1]}"
