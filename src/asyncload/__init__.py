@@ -53,7 +53,7 @@ from ._storage import (
     stat,
     stream,
 )
-from .datasets import RemoteFiles, TarShards, write_shards
+from .datasets import RemoteFiles, ShardStats, ShardSummary, TarShards, write_shards
 
 __version__ = "0.1.0"
 
@@ -78,6 +78,8 @@ __all__ = [
     "RequestTimeout",
     "Retry",
     "ServerError",
+    "ShardStats",
+    "ShardSummary",
     "StorageError",
     "StorageOptions",
     "TarShards",

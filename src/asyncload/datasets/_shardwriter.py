@@ -80,7 +80,8 @@ class ShardSummary(Sequence[str]):
         if self.left_out:
             shown = ", ".join(f"{p} ({why})" for p, why in self.left_out[:5])
             more = f" and {len(self.left_out) - 5} more" if len(self.left_out) > 5 else ""
-            text += f"; left out {len(self.left_out)} files: {shown}{more}"
+            k = len(self.left_out)
+            text += f"; left out {k} file{'s' * (k != 1)}: {shown}{more}"
         return text
 
 
