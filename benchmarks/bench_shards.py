@@ -6,10 +6,12 @@ served by an aiohttp server in a *separate process* (``--serve``) that holds eve
 same ``num_workers`` and ``batch_size`` and the default collate; webdataset fetches ``http://``
 shards through ``curl`` as it does by default (or urllib when curl is missing).
 
-Two shapes of shard: many small ones (the per-shard round trip dominates; webdataset reads one
-shard at a time per worker, TarShards streams several) and a few large ones (parsing and
-collating dominate). Samples/s are measured from the first batch to the last, so worker start-up
-is left out of both; the whole run takes about a minute.
+Three shapes of shard: many small ones (the per-shard round trip dominates; webdataset reads one
+shard at a time per worker, TarShards streams several), a few large ones (parsing and
+collating dominate), and the small ones again gzip-compressed as ``.tar.gz`` (inflating adds
+CPU; the payloads are random bytes, like JPEGs, so they hardly shrink). Samples/s are
+measured from the first batch to the last, so worker start-up is left out of both; the whole
+run takes about a minute and a half.
 
     python benchmarks/bench_shards.py
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gzip
 import os
 import shutil
 import statistics
@@ -33,10 +36,11 @@ LATENCY = 0.050
 WORKERS = 2
 BATCH = 32
 REPEATS = 3
-# (label, shards, samples per shard, payload bytes per sample)
+# (label, shards, samples per shard, payload bytes per sample, shard suffix)
 SHAPES = [
-    ("64 shards × 100 × 10 KB", 64, 100, 10_000),
-    ("48 shards × 1,000 × 10 KB", 48, 1000, 10_000),
+    ("64 shards × 100 × 10 KB", 64, 100, 10_000, ".tar"),
+    ("48 shards × 1,000 × 10 KB", 48, 1000, 10_000, ".tar"),
+    ("64 × 100 × 10 KB, .tar.gz", 64, 100, 10_000, ".tar.gz"),
 ]
 
 
@@ -47,7 +51,7 @@ def serve(root: Path, latency: float) -> None:
     """Serve every file under *root* from memory, each response held *latency* seconds."""
     from aiohttp import web
 
-    files = {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*.tar")}
+    files = {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*.tar*")}
 
     async def handle(request: web.Request) -> web.Response:
         body = files.get(request.match_info["path"])
@@ -167,20 +171,27 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-shards-") as tmp:
         root = Path(tmp)
-        for s, (_, n_shards, per_shard, size) in enumerate(SHAPES):
+        for s, (_, n_shards, per_shard, size, suffix) in enumerate(SHAPES):
             payload = os.urandom(size)
-            write_shards(
+            gz = suffix == ".tar.gz"
+            paths = write_shards(
                 (
-                    {"__key__": f"{i:07d}", "bin": payload, "cls": i % 10}
+                    # One payload repeated would compress to nothing: fresh bytes for gzip.
+                    {"__key__": f"{i:07d}", "bin": os.urandom(size) if gz else payload}
+                    | {"cls": i % 10}
                     for i in range(n_shards * per_shard)
                 ),
                 root / f"shape{s}",
                 samples_per_shard=per_shard,
             )
+            for path in paths if gz else ():
+                with open(path, "rb") as src, gzip.open(path + ".gz", "wb", compresslevel=6) as dst:
+                    shutil.copyfileobj(src, dst)
+                os.unlink(path)
         server = Server(root)
         try:
-            for s, (label, n_shards, per_shard, _) in enumerate(SHAPES):
-                urls = [f"{server.url}/shape{s}/shard-{i:06d}.tar" for i in range(n_shards)]
+            for s, (label, n_shards, per_shard, _, suffix) in enumerate(SHAPES):
+                urls = [f"{server.url}/shape{s}/shard-{i:06d}{suffix}" for i in range(n_shards)]
                 total = n_shards * per_shard
                 # A pass over the large shards lasts about a second: alternate the two loaders
                 # and keep each one's median, so one noisy second decides nothing.
