@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import io
 import os
-import pickle
 import warnings
 from collections import Counter
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Mapping
@@ -35,6 +33,7 @@ from .._exceptions import ArchiveError
 from .._redact import redact_url
 from .._sharding import get_worker_info, rank_and_world_size
 from ..sources import StorageOptions
+from ._decoders import PICKLE_EXTENSIONS, check_pickle_guard, decode_fields, table_for
 from ._gzip import maybe_gunzip
 from ._shardcheck import ShardStats, note_ending
 from ._tarstream import (
@@ -52,20 +51,6 @@ __all__ = ["PICKLE_EXTENSIONS", "ShardStats", "TarShards"]
 Sample = dict[str, Any]
 Handler = Literal["raise", "warn", "skip"] | Callable[[Exception], bool]
 Decoders = Mapping[str, Callable[[bytes], Any]] | Callable[[Sample], Sample] | None
-
-PICKLE_EXTENSIONS = frozenset({"pyd", "pickle", "pkl", "pth", "pt"})
-"""Extensions whose members are pickles (``torch.save`` files included): bytes unless
-``allow_pickle=True``. Compared in any letter case, as every extension is."""
-
-
-def _unpickle(data: bytes) -> Any:
-    return pickle.loads(data)  # reached only with allow_pickle=True
-
-
-def _torch_load(data: bytes) -> Any:
-    import torch
-
-    return torch.load(io.BytesIO(data), weights_only=False)  # only with allow_pickle=True
 
 
 class _Open:
@@ -182,13 +167,8 @@ class TarShards(IterableDataset[Sample]):
             raise ValueError(f"samples_per_rank must be >= 0, got {samples_per_rank}")
         if isinstance(handler, str) and handler not in ("raise", "warn", "skip"):
             raise ValueError(f"handler must be 'raise', 'warn', 'skip' or a callable: {handler!r}")
-        if isinstance(decoders, Mapping) and not allow_pickle:
-            risky = sorted(e for e in decoders if e.rsplit(".", 1)[-1].lower() in PICKLE_EXTENSIONS)
-            if risky:
-                raise ValueError(
-                    f"decoders for pickle extensions {risky} need allow_pickle=True: "
-                    "unpickling runs arbitrary code from the shard"
-                )
+        if isinstance(decoders, Mapping):
+            check_pickle_guard(decoders, allow_pickle)
         self.shuffle_shards = shuffle_shards
         self.shuffle_buffer = shuffle_buffer
         self.seed = seed
@@ -202,7 +182,7 @@ class TarShards(IterableDataset[Sample]):
         self.buffer_bytes = buffer_bytes
         self.storage_options = dict(storage_options) if storage_options else None
         self.epoch = 0
-        self._table = self._decoder_table()
+        self._table = table_for(decoders if isinstance(decoders, Mapping) else None, allow_pickle)
         self._counts: Counter[str] = Counter()
 
     # ── public helpers ─────────────────────────────────────────────────────────────────────
@@ -449,31 +429,10 @@ class TarShards(IterableDataset[Sample]):
         assert callable(handler)
         return bool(handler(exc))
 
-    def _decoder_table(self) -> dict[str, Callable[[bytes], Any]]:
-        table: dict[str, Callable[[bytes], Any]] = {}
-        if self.allow_pickle:
-            for ext in ("pyd", "pickle", "pkl"):
-                table[ext] = _unpickle
-            table["pth"] = table["pt"] = _torch_load
-        if isinstance(self.decoders, Mapping):
-            table.update((ext.lower(), fn) for ext, fn in self.decoders.items())
-        return table
-
     def _decode(self, sample: Sample) -> Sample:
         if callable(self.decoders):
             return self.decoders(sample)
-        table = self._table
-        if not table:
-            return sample
-        out: Sample = {}
-        for field, value in sample.items():
-            name = field.lower()
-            fn = table.get(name) or table.get(name.rsplit(".", 1)[-1])
-            if fn is None or field.startswith("__"):
-                out[field] = value
-            else:
-                out[field] = fn(value)
-        return out
+        return decode_fields(sample, self._table)
 
     def _decode_or_handle(self, sample: Sample) -> Sample | None:
         try:
