@@ -218,3 +218,17 @@ async def test_incomplete_shard_fails_when_warnings_are_errors(http_server: Obje
     url = http_server.put("inc/empty2.tar", b"")
     with pytest.raises(AsyncloadWarning, match="is empty"):
         await asyncio.wait_for(collect(TarShards([url])), 20)
+
+
+@pytest.mark.usefixtures("clean_storage")
+@pytest.mark.filterwarnings("ignore:TarShards. shard:asyncload.AsyncloadWarning")
+def test_counts_observable_after_a_pass_in_the_loaders_process(http_server: ObjectServer) -> None:
+    # num_workers=0 reads in this process, so the dataset's own counts are the pass's counts.
+    urls = [
+        http_server.put("inc3/empty.tar", b""),
+        http_server.put("inc3/good.tar", make_tar(shard_members(0, 5))),
+    ]
+    ds = TarShards(urls)
+    keys = keys_of(asyncload.DataLoader(ds, batch_size=2, num_workers=0))
+    assert sorted(keys) == [f"s/{i:05d}" for i in range(5)]
+    assert ds.shard_stats() == asyncload.ShardStats(shards=2, empty=1, unterminated=0)
