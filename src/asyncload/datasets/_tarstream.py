@@ -296,7 +296,7 @@ def expand_urls(pattern: str) -> list[str]:
 
     Brace expansion is the ``braceexpand`` package's (bash rules): ``{000..099}`` ranges keep
     their zero padding, ``{0..98..2}`` steps, ``{a..e}`` letters, ``{a,b}`` lists, and braces
-    nest (``{train-{0..1},val}``). ``\\{`` is a literal brace.
+    nest (``{train-{0..1},val}``). ``\\{`` and ``\\}`` are literal braces.
 
     Example:
         >>> expand_urls("s3://bucket/train-{00..02}.tar")
