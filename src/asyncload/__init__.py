@@ -53,7 +53,7 @@ from ._storage import (
     stat,
     stream,
 )
-from .datasets import RemoteFiles, ShardStats, ShardSummary, TarShards, write_shards
+from .datasets import Mix, RemoteFiles, ShardStats, ShardSummary, TarShards, write_shards
 
 __version__ = "0.1.0"
 
@@ -69,6 +69,7 @@ __all__ = [
     "IterableDataset",
     "LoadError",
     "LoaderStats",
+    "Mix",
     "NotFound",
     "NotPicklable",
     "ObjectInfo",

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from ._mix import Mix
 from ._remote_files import RemoteFiles
 from ._shardcheck import ShardStats
 from ._shardwriter import ShardSummary, write_shards
 from ._tar import TarShards
 
-__all__ = ["RemoteFiles", "ShardStats", "ShardSummary", "TarShards", "write_shards"]
+__all__ = ["Mix", "RemoteFiles", "ShardStats", "ShardSummary", "TarShards", "write_shards"]
