@@ -488,7 +488,8 @@ def map_error(exc: BaseException, options: StorageOptions) -> AttemptFailed:
             retryable=not refused,
             reason="connect",
         )
-    if isinstance(exc, aiohttp.InvalidURL):
+    if isinstance(exc, (aiohttp.InvalidURL, ValueError)):
+        # yarl refuses some URLs urlsplit lets through (text after an IPv6 literal).
         return AttemptFailed(InvalidURL, f"malformed URL: {exc}")
     if isinstance(exc, (aiohttp.ClientError, OSError)):
         return AttemptFailed(
