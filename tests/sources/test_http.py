@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -505,9 +506,13 @@ async def test_stream_never_splices_two_versions(
     http_server.conditionals = conditionals  # False: the server ignores If-Match/If-Range
     fast_retries(http_server)
     got = bytearray()
-    with pytest.raises(asyncload.ObjectChanged, match="read it again") as info:
+
+    async def drain() -> None:
         async for chunk in asyncload.stream(url, chunk_size=1024):
-            got += chunk
+            got.extend(chunk)
+
+    with pytest.raises(asyncload.ObjectChanged, match="read it again") as info:
+        await drain()
     assert 0 < len(got) < len(old)
     assert bytes(got) == old[: len(got)]  # nothing of the new version was delivered
     assert info.value.status == 412
@@ -548,14 +553,13 @@ async def test_https_against_plain_http_asks_whether_the_server_is_plain_http(
 # -- pacing new connections (issue 14, item 4) ---------------------------------------------
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(120)
-async def test_small_listen_backlog_sees_no_syn_retry_stalls(tmp_path: Path) -> None:
-    # `python -m http.server`: a listen backlog of 5 and a new connection per request
-    # (HTTP/1.0). A burst of 64 connections overflows it; the dropped ones wait for the
-    # kernel's SYN retry at 1 s (then 3 s).
-    n = 200
-    for i in range(n):
+N_FILES = 200
+
+
+@pytest.fixture
+def python_http_server(tmp_path: Path) -> Iterator[int]:
+    """`python -m http.server` over N_FILES small files; yields its port."""
+    for i in range(N_FILES):
         (tmp_path / f"{i}.bin").write_bytes(bytes([i % 256]) * 1000)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -574,19 +578,31 @@ async def test_small_listen_backlog_sees_no_syn_retry_stalls(tmp_path: Path) -> 
                 break
             except OSError:
                 assert time.monotonic() < deadline, "http.server did not start"
-                await asyncio.sleep(0.05)
-        _storage.set_pool_size(64)
-
-        async def timed(i: int) -> float:
-            t0 = time.monotonic()
-            data = await asyncload.read(f"http://127.0.0.1:{port}/{i}.bin")
-            assert data == bytes([i % 256]) * 1000
-            return time.monotonic() - t0
-
-        latencies = await asyncio.gather(*(timed(i) for i in range(n)))
-        stalled = sorted(t for t in latencies if t >= 1.0)
-        assert not stalled, f"{len(stalled)} of {n} requests hit a SYN-retry stall: {stalled[:5]}"
+                time.sleep(0.05)
+        yield port
     finally:
-        await _storage.aclose()
         server.kill()
         server.wait(10)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+async def test_small_listen_backlog_sees_no_syn_retry_stalls(python_http_server: int) -> None:
+    # `python -m http.server`: a listen backlog of 5 and a new connection per request
+    # (HTTP/1.0). A burst of 64 connections overflows it; the dropped ones wait for the
+    # kernel's SYN retry at 1 s (then 3 s). Paced, none does.
+    port = python_http_server
+    _storage.set_pool_size(64)
+
+    async def timed(i: int) -> float:
+        t0 = time.monotonic()
+        data = await asyncload.read(f"http://127.0.0.1:{port}/{i}.bin")
+        assert data == bytes([i % 256]) * 1000
+        return time.monotonic() - t0
+
+    try:
+        latencies = await asyncio.gather(*(timed(i) for i in range(N_FILES)))
+    finally:
+        await _storage.aclose()
+    stalled = sorted(t for t in latencies if t >= 1.0)
+    assert not stalled, f"{len(stalled)} of {N_FILES} requests hit a SYN-retry stall: {stalled[:5]}"
