@@ -23,6 +23,8 @@ from aiohttp import web
 #   "reset": send headers and a little body, then abort the TCP connection
 #   "stall:S": send headers, then sleep S seconds before the body
 #   "redirect:URL": 302 to URL (relative or absolute)
+#   "short-replace": like "short", then the object becomes ``replacements[path]`` (a new ETag)
+#   "s3-403": 403 with an S3 SignatureDoesNotMatch XML body that echoes fake credentials
 FAULTS = ("500", "502", "503", "504", "429", "404", "403", "401", "short", "reset")
 
 
@@ -41,6 +43,9 @@ class ObjectServer:
     active: int = 0
     peak_active: int = 0  # most requests in the handler at once since reset()
     headers_seen: list[dict[str, str]] = field(default_factory=list)
+    raw_paths: list[str] = field(default_factory=list)  # request targets exactly as received
+    replacements: dict[str, bytes] = field(default_factory=dict)
+    conditionals: bool = True  # honour If-Match (412) and If-Range (200 when it differs)
 
     @property
     def url(self) -> str:
@@ -62,8 +67,22 @@ class ObjectServer:
         self.hits.clear()
         self.peak_active = 0
         self.headers_seen.clear()
+        self.raw_paths.clear()
+        self.replacements.clear()
+        self.conditionals = True
         self.latency = 0.0
         self.jitter = 0.0
+
+
+# What S3 answers a request whose signature does not match; the secrets are fake but distinct.
+S3_SIGNATURE_ERROR = (
+    '<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SignatureDoesNotMatch</Code>'
+    "<Message>The request signature we calculated does not match the signature you provided."
+    "</Message><AWSAccessKeyId>AKIAFAKEACCESSKEY01</AWSAccessKeyId>"
+    "<StringToSign>AWS4-HMAC-SHA256\n20260101T000000Z\nfake-string-to-sign-77</StringToSign>"
+    "<SignatureProvided>fakesignatureprovided99</SignatureProvided>"
+    "<RequestId>4442587FB7D0A2F9</RequestId></Error>"
+)
 
 
 def _parse_range(header: str, size: int) -> tuple[int, int] | None:
@@ -84,6 +103,8 @@ def _make_app(state: ObjectServer) -> web.Application:
     async def handle(request: web.Request) -> web.StreamResponse:
         path = request.match_info["path"]
         state.hits[path] += 1
+        state.raw_paths.append(request.raw_path)
+        state.headers_seen.append(dict(request.headers))
         if state.latency or state.jitter:
             await asyncio.sleep(state.latency + random.uniform(0, state.jitter))
         queue = state.faults.get(path)
@@ -93,6 +114,10 @@ def _make_app(state: ObjectServer) -> web.Application:
                 return web.Response(status=int(fault), text=f"injected {fault}")
             if fault.startswith("redirect:"):
                 raise web.HTTPFound(fault.split(":", 1)[1])
+            if fault == "s3-403":
+                return web.Response(
+                    status=403, text=S3_SIGNATURE_ERROR, content_type="application/xml"
+                )
             if fault.startswith("retry-after:"):
                 return web.Response(
                     status=503, headers={"Retry-After": fault.split(":", 1)[1]}, text="slow down"
@@ -102,7 +127,13 @@ def _make_app(state: ObjectServer) -> web.Application:
             return web.Response(status=404, text="no such object")
         status, body = 200, data
         rng = request.headers.get("Range")
-        headers = {"Accept-Ranges": "bytes", "ETag": f'"{hash(data) & 0xFFFFFFFF:x}"'}
+        etag = f'"{hash(data) & 0xFFFFFFFF:x}"'
+        headers = {"Accept-Ranges": "bytes", "ETag": etag}
+        if state.conditionals:
+            if request.headers.get("If-Match", etag) != etag:
+                return web.Response(status=412, text="precondition failed")
+            if request.headers.get("If-Range", etag) != etag:
+                rng = None  # a different version: the whole new one, as RFC 9110 says
         if rng:
             span = _parse_range(rng, len(data))
             if span is not None:
@@ -113,7 +144,7 @@ def _make_app(state: ObjectServer) -> web.Application:
             return web.Response(
                 status=status, headers={**headers, "Content-Length": str(len(body))}
             )
-        if fault in ("short", "reset") or (fault or "").startswith("stall:"):
+        if fault in ("short", "reset", "short-replace") or (fault or "").startswith("stall:"):
             resp = web.StreamResponse(status=status, headers=headers)
             resp.content_length = len(body)
             await resp.prepare(request)
@@ -124,6 +155,8 @@ def _make_app(state: ObjectServer) -> web.Application:
                 return resp
             await resp.write(body[: len(body) // 2])
             transport = request.transport
+            if fault == "short-replace":
+                state.objects[path] = state.replacements.pop(path)
             if transport is not None:
                 if fault == "reset":
                     transport.abort()

@@ -58,3 +58,72 @@ def test_storage_options_repr_hides_credentials() -> None:
     )
     assert "very-secret" not in repr(opts)
     assert "t0k" not in repr(opts)
+
+
+@pytest.mark.parametrize(
+    ("url", "secret"),
+    [
+        ("https://h/f?access_key=AK-1234", "AK-1234"),
+        ("https://h/f?auth=abc-9", "abc-9"),
+        ("https://h/f?Policy=eyJwb2xpY3ki&Key-Pair-Id=APKA77", "APKA77"),
+        ("https://h/f?X-Something-New=zz-secret-zz", "zz-secret-zz"),
+        ("https://h/f?bare-token-value-123", "bare-token-value-123"),
+        ("https://h/f#access_token=frag-77", "frag-77"),
+        ("https://u:p4ss@[::1/x", "p4ss"),  # broken IPv6: still shown, minus the secret
+    ],
+)
+def test_every_query_value_is_redacted_unless_its_key_is_harmless(url: str, secret: str) -> None:
+    out = redact_url(url)
+    assert secret not in out
+    assert "REDACTED" in out
+
+
+def test_harmless_keys_and_the_url_shape_survive() -> None:
+    url = "https://h:1/p%20q?X-Amz-Date=20260101T000000Z&versionId=3&partNumber=2&sv=2021-08-06"
+    assert redact_url(url) == url
+    assert redact_url("https://[::1/x?sig=1") == "https://[::1/x?sig=REDACTED"
+
+
+def test_s3_xml_error_bodies_are_scrubbed() -> None:
+    body = (
+        "<Error><Code>SignatureDoesNotMatch</Code><Message>no</Message>"
+        "<AWSAccessKeyId>AKIAEXAMPLE1</AWSAccessKeyId>"
+        "<StringToSign>AWS4-HMAC-SHA256\n20260101T000000Z\nscope-x</StringToSign>"
+        "<SignatureProvided>abcdef0123</SignatureProvided>"
+        "<CanonicalRequest>GET\n/k\nX-Amz-Credential=AKIAEXAMPLE1</CanonicalRequest>"
+        "<StringToSignBytes>41 57 53 34</StringToSignBytes></Error>"
+    )
+    out = redact_url("access denied: " + body)
+    for secret in ("AKIAEXAMPLE1", "scope-x", "abcdef0123", "41 57 53 34"):
+        assert secret not in out
+    assert "SignatureDoesNotMatch" in out
+    # A message cut off inside an element (obstore summaries are truncated) is scrubbed too.
+    assert "AKIAEX" not in redact_url("denied: <AWSAccessKeyId>AKIAEX…")
+
+
+def test_authorization_header_in_free_text_is_scrubbed() -> None:
+    text = (
+        "Authorization: AWS4-HMAC-SHA256 Credential=AKIA9/20260101/us-east-1/s3/aws4_request, "
+        "SignedHeaders=host, Signature=0badc0de; Authorization: Bearer eyJtok"
+    )
+    out = redact_url(text)
+    for secret in ("AKIA9", "0badc0de", "eyJtok"):
+        assert secret not in out
+
+
+def test_lone_surrogates_are_escaped_so_messages_print() -> None:
+    out = redact_url("https://h/x\udcff?sig=1")
+    out.encode("utf-8")
+    assert "\\udcff" in out
+
+
+def test_obstore_style_message_through_storage_error() -> None:
+    message = (
+        "Client error with status 403 Forbidden: <?xml version='1.0'?><Error>"
+        "<Code>SignatureDoesNotMatch</Code><AWSAccessKeyId>AKIAOBSTORE</AWSAccessKeyId>"
+        "<SignatureProvided>5eed</SignatureProvided></Error>"
+    )
+    exc = StorageError(message, url="s3://bucket/key", status=403)
+    assert "AKIAOBSTORE" not in str(exc)
+    assert "5eed" not in str(exc)
+    assert "SignatureDoesNotMatch" in str(exc)

@@ -12,6 +12,7 @@ Each subclass also inherits the built-in exception a caller already expects, so
     │   ├── IncompleteRead                                    body shorter than announced
     │   ├── InvalidURL                  + ValueError          unknown scheme, malformed URL
     │   ├── RedirectError                                     redirect to another host, not followed
+    │   ├── ObjectChanged                                     replaced while a stream resumed
     │   └── RequestTimeout              (+ Timeout)           connect or read timed out
     ├── Timeout                         + TimeoutError
     │   ├── RequestTimeout              (+ StorageError)
@@ -36,6 +37,7 @@ __all__ = [
     "LoadError",
     "NotFound",
     "NotPicklable",
+    "ObjectChanged",
     "PermissionDenied",
     "RedirectError",
     "RequestTimeout",
@@ -131,6 +133,15 @@ class RedirectError(StorageError):
 
     Cross-host redirects are refused unless ``allow_cross_host_redirects=True`` is configured for
     the prefix; redirects to ``file:`` and other schemes are always refused. Never retried.
+    """
+
+
+class ObjectChanged(StorageError):
+    """The object was replaced while :func:`asyncload.stream` was reading it. Never retried.
+
+    A cut download is resumed only for the version it started with (``If-Match``/``If-Range``
+    with the first response's ETag); bytes of two versions are never spliced. Part of the old
+    version was already delivered, so read the object again from the start.
     """
 
 

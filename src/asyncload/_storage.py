@@ -70,11 +70,32 @@ def _matches(url: str, prefix: str) -> bool:
 
 
 def options_for(url: str) -> StorageOptions:
-    """The options of the longest configured prefix of *url* (defaults when none matches)."""
+    """The options of the longest configured prefix of *url* (defaults when none matches).
+
+    A URL with credentials in it (``http://user:pw@host:port/...``) also matches a prefix
+    configured without them (``http://host:port``).
+    """
     for prefix, options in _prefixes:
         if _matches(url, prefix):
             return options
+    if "@" in url and _prefixes:
+        bare = _without_userinfo(url)
+        if bare != url:
+            return options_for(bare)
     return DEFAULT_OPTIONS
+
+
+def _without_userinfo(url: str) -> str:
+    start = url.find("://") + 3
+    if start < 3:
+        return url
+    end = len(url)
+    for sep in "/?#":
+        at = url.find(sep, start)
+        if at != -1:
+            end = min(end, at)
+    at = url.rfind("@", start, end)
+    return url if at == -1 else url[:start] + url[at + 1 :]
 
 
 def configure(prefix: str, options: StorageOptions | None = None, /, **kwargs: Any) -> None:
@@ -236,7 +257,10 @@ async def stream(url: str, *, chunk_size: int = 1 << 20) -> AsyncIterator[bytes]
     """Yield the object at *url* in chunks of roughly *chunk_size* bytes.
 
     A connection lost midway is resumed from the last byte delivered (a range request), under
-    the same :class:`Retry` policy as :func:`read`; a chunk is never delivered twice.
+    the same :class:`Retry` policy as :func:`read`; a chunk is never delivered twice. The resume
+    asks only for the version the download started with (``If-Match``/``If-Range`` with its
+    ETag): if the object was replaced meanwhile, :class:`~asyncload.ObjectChanged` is raised
+    rather than splicing two versions.
 
     Example:
         >>> async for chunk in asyncload.stream("https://host/big.bin"):  # doctest: +SKIP
@@ -250,10 +274,14 @@ async def stream(url: str, *, chunk_size: int = 1 << 20) -> AsyncIterator[bytes]
     offset = 0
     attempt = 1
     started = time.monotonic()
+    resume = _base.Resume()
     while True:
         progress = offset
+        if offset == 0:
+            resume.etag = resume.size = None  # nothing delivered yet: any version will do
         try:
-            async with aclosing(backend.stream(url, offset, chunk_size, options)) as chunks:
+            chunks = backend.stream_version(url, offset, chunk_size, options, resume)
+            async with aclosing(chunks):
                 async for chunk in chunks:
                     offset += len(chunk)
                     _stats.note_bytes(len(chunk))

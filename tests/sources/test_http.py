@@ -6,7 +6,10 @@ import asyncio
 import datetime
 import logging
 import socket
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -366,3 +369,240 @@ async def test_tls_with_unknown_ca_fails_unless_ca_bundle_given(tmp_path: Path) 
     finally:
         await _storage.aclose()
         stop(running)
+
+
+# -- URLs that cannot be sent as given (issue 12, items 6 and 7) ----------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "wire"),
+    [
+        ("a b.bin", "/a%20b.bin"),
+        ("tab\there.bin", "/tab%09here.bin"),
+        ("ünï.bin", "/%C3%BCn%C3%AF.bin"),
+        ("100%.bin", "/100%25.bin"),
+    ],
+)
+async def test_odd_characters_are_percent_encoded_and_fetch_that_object(
+    http_server: ObjectServer, name: str, wire: str
+) -> None:
+    http_server.put(name, DATA)
+    # What the old code fetched: the name with the TAB dropped or the space cut at.
+    for decoy in {name.replace("\t", ""), name.split(" ")[0]} - {name}:
+        http_server.put(decoy, b"a different object")
+    url = f"{http_server.url}/{name}"
+    assert await asyncload.read(url) == DATA
+    assert http_server.raw_paths == [wire]
+
+
+async def test_existing_escapes_are_sent_unchanged(http_server: ObjectServer) -> None:
+    http_server.put("a b.bin", DATA)
+    assert await asyncload.read(http_server.url + "/a%20b.bin?X-Amz-Signature=ab%2Fcd") == DATA
+    assert http_server.raw_paths == ["/a%20b.bin?X-Amz-Signature=ab%2Fcd"]
+
+
+async def test_lone_surrogate_is_invalid_url_and_nothing_is_fetched(
+    http_server: ObjectServer,
+) -> None:
+    http_server.put("x.bin", DATA)
+    url = f"{http_server.url}/x\udcff.bin?token=s3cret"
+    with pytest.raises(asyncload.InvalidURL, match="lone surrogate") as info:
+        await asyncload.read(url)
+    assert http_server.raw_paths == []
+    message = str(info.value)
+    message.encode("utf-8")  # printable: the surrogate is shown escaped
+    assert "\\udcff" in message
+    assert "s3cret" not in message
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://127.0.0.1:99999/x?sig=s3cret",
+        "http://127.0.0.1:port/x?sig=s3cret",
+        "http://[::1/x?sig=s3cret",
+        "http://[::1]x/y?sig=s3cret",
+        "http://[::g]/x?sig=s3cret",
+        "http://u:s3cret@[::1/x",
+    ],
+)
+async def test_bad_port_or_ipv6_is_invalid_url_naming_the_redacted_url(url: str) -> None:
+    with pytest.raises(asyncload.InvalidURL) as info:
+        await asyncload.read(url)
+    assert isinstance(info.value, asyncload.LoadError)
+    assert isinstance(info.value, ValueError)
+    message = str(info.value)
+    assert "s3cret" not in message
+    assert info.value.url is not None
+    assert info.value.url in message
+    assert url.split("/")[2].split("@")[-1] in message  # the host part is named
+    with pytest.raises(asyncload.InvalidURL):
+        await asyncload.stat(url)
+
+
+# -- secrets (item 8) ------------------------------------------------------------------------
+
+
+async def test_query_values_under_unlisted_keys_are_redacted(
+    http_server: ObjectServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    http_server.fail("p", "503", "404")
+    fast_retries(http_server, retry=asyncload.Retry(attempts=2, backoff=0.01))
+    url = http_server.url_for("p") + "?access_key=AK-77&auth=tok-88&X-Amz-Expires=60&part=3"
+    with caplog.at_level(logging.DEBUG, logger="asyncload"), pytest.raises(StorageError) as info:
+        await asyncload.read(url)
+    text = str(info.value) + "\n".join(r.getMessage() for r in caplog.records)
+    assert "AK-77" not in text
+    assert "tok-88" not in text
+    assert "X-Amz-Expires=60" in text
+    assert "part=3" in text
+
+
+async def test_s3_error_body_reaches_the_message_without_its_secrets(
+    http_server: ObjectServer,
+) -> None:
+    http_server.put("signed", DATA)
+    http_server.fail("signed", "s3-403")
+    url = http_server.url_for("signed") + "?X-Amz-Signature=f00d&X-Amz-Credential=AKIAXYZ"
+    with pytest.raises(PermissionDenied) as info:
+        await asyncload.read(url)
+    message = str(info.value)
+    assert "SignatureDoesNotMatch" in message  # the useful part of the body is kept
+    for secret in ("AKIAFAKEACCESSKEY01", "fake-string-to-sign-77", "fakesignatureprovided99"):
+        assert secret not in message
+    assert "f00d" not in message
+    assert "AKIAXYZ" not in message
+
+
+# -- configure() prefixes and credentials in URLs (item 9) ---------------------------------
+
+
+async def test_prefix_settings_apply_to_urls_with_userinfo(http_server: ObjectServer) -> None:
+    http_server.put("auth.bin", DATA)
+    _storage.configure(http_server.url, headers={"X-Test": "configured"}, read_timeout=7.0)
+    url = f"http://alice:pw@127.0.0.1:{http_server.port}/auth.bin"
+    assert _storage.options_for(url).read_timeout == 7.0
+    assert await asyncload.read(url) == DATA
+    assert http_server.headers_seen[-1].get("X-Test") == "configured"
+    # A prefix configured with the credentials still wins for URLs that carry them.
+    _storage.configure(f"http://alice:pw@127.0.0.1:{http_server.port}", read_timeout=9.0)
+    assert _storage.options_for(url).read_timeout == 9.0
+    assert _storage.options_for(http_server.url_for("auth.bin")).read_timeout == 7.0
+    # `@` in the path or query is not userinfo.
+    assert _storage.options_for(f"http://other:1/a@{http_server.url}").read_timeout == 30.0
+
+
+# -- resuming a stream of an object replaced meanwhile (item 11) ---------------------------
+
+
+@pytest.mark.parametrize("conditionals", [True, False])
+async def test_stream_never_splices_two_versions(
+    http_server: ObjectServer, conditionals: bool
+) -> None:
+    old, new = DATA * 8, bytes(reversed(DATA)) * 8
+    url = http_server.put("v.bin", old)
+    http_server.replacements["v.bin"] = new
+    http_server.fail("v.bin", "short-replace")
+    http_server.conditionals = conditionals  # False: the server ignores If-Match/If-Range
+    fast_retries(http_server)
+    got = bytearray()
+
+    async def drain() -> None:
+        async for chunk in asyncload.stream(url, chunk_size=1024):
+            got.extend(chunk)
+
+    with pytest.raises(asyncload.ObjectChanged, match="read it again") as info:
+        await drain()
+    assert 0 < len(got) < len(old)
+    assert bytes(got) == old[: len(got)]  # nothing of the new version was delivered
+    assert info.value.status == 412
+    assert info.value.attempts == 2  # the cut one and the refused resume: not retried
+    assert http_server.hits["v.bin"] == 2
+    first, second = http_server.headers_seen
+    assert second["Range"] == f"bytes={len(got)}-"
+    assert second["If-Match"] == second["If-Range"] == f'"{hash(old) & 0xFFFFFFFF:x}"'
+    assert "If-Match" not in first
+    # Streaming it again from the start gives the new version whole.
+    assert b"".join([c async for c in asyncload.stream(url)]) == new
+
+
+async def test_stream_resume_of_an_unchanged_object_is_conditional(
+    http_server: ObjectServer,
+) -> None:
+    url = http_server.put("same.bin", DATA * 8)
+    http_server.fail("same.bin", "short")
+    fast_retries(http_server)
+    assert b"".join([c async for c in asyncload.stream(url, chunk_size=1024)]) == DATA * 8
+    assert http_server.headers_seen[1]["If-Match"] == f'"{hash(DATA * 8) & 0xFFFFFFFF:x}"'
+
+
+# -- https:// against a plain-HTTP port (item 13) ------------------------------------------
+
+
+async def test_https_against_plain_http_asks_whether_the_server_is_plain_http(
+    http_server: ObjectServer,
+) -> None:
+    http_server.put("x", DATA)
+    url = f"https://127.0.0.1:{http_server.port}/x"
+    with pytest.raises(ConnectError, match="is this server plain HTTP") as info:
+        await asyncload.read(url)
+    assert "verification" not in str(info.value)
+    assert info.value.attempts == 1
+
+
+# -- pacing new connections (issue 14, item 4) ---------------------------------------------
+
+
+N_FILES = 200
+
+
+@pytest.fixture
+def python_http_server(tmp_path: Path) -> Iterator[int]:
+    """`python -m http.server` over N_FILES small files; yields its port."""
+    for i in range(N_FILES):
+        (tmp_path / f"{i}.bin").write_bytes(bytes([i % 256]) * 1000)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen(
+        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "http.server did not start"
+                time.sleep(0.05)
+        yield port
+    finally:
+        server.kill()
+        server.wait(10)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+async def test_small_listen_backlog_sees_no_syn_retry_stalls(python_http_server: int) -> None:
+    # `python -m http.server`: a listen backlog of 5 and a new connection per request
+    # (HTTP/1.0). A burst of 64 connections overflows it; the dropped ones wait for the
+    # kernel's SYN retry at 1 s (then 3 s). Paced, none does.
+    port = python_http_server
+    _storage.set_pool_size(64)
+
+    async def timed(i: int) -> float:
+        t0 = time.monotonic()
+        data = await asyncload.read(f"http://127.0.0.1:{port}/{i}.bin")
+        assert data == bytes([i % 256]) * 1000
+        return time.monotonic() - t0
+
+    try:
+        latencies = await asyncio.gather(*(timed(i) for i in range(N_FILES)))
+    finally:
+        await _storage.aclose()
+    stalled = sorted(t for t in latencies if t >= 1.0)
+    assert not stalled, f"{len(stalled)} of {N_FILES} requests hit a SYN-retry stall: {stalled[:5]}"

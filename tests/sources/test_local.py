@@ -115,3 +115,60 @@ def test_permission_mapping() -> None:
     assert not failure.retryable
     assert _local.map_error(OSError(errno.EIO, "I/O error")).retryable
     assert _local.map_error(OSError(errno.ENOENT, "gone")).kind is NotFound
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    ("url", "suggestion"),
+    [
+        ("http:/127.0.0.1:8000/x.bin", "http://127.0.0.1:8000/x.bin"),
+        ("https:/data.example.com/x.bin", "https://data.example.com/x.bin"),
+        ("s3:/bucket/key", "s3://bucket/key"),
+        ("127.0.0.1:8000/x.bin", "http://127.0.0.1:8000/x.bin"),
+        ("localhost:8000/x.bin", "http://localhost:8000/x.bin"),
+    ],
+)
+async def test_url_missing_slashes_read_as_a_path_gets_a_hint(
+    url: str, suggestion: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.chdir(tmp_path)  # relative paths resolve where nothing exists
+    with pytest.raises(NotFound) as info:
+        await asyncload.read(url)
+    message = str(info.value)
+    assert "missing" in message
+    assert repr(suggestion) in message
+
+
+@pytest.mark.asyncio
+async def test_ordinary_missing_paths_get_no_url_hint(tree: Path) -> None:
+    for path in (str(tree / "missing.bin"), "file:" + str(tree / "missing.bin"), "rel/x:1.bin"):
+        with pytest.raises(NotFound) as info:
+            await asyncload.read(path)
+        assert "did you mean" not in str(info.value)
+
+
+@pytest.mark.asyncio
+async def test_stream_resume_of_a_replaced_file_is_refused(tree: Path) -> None:
+    from asyncload._exceptions import ObjectChanged
+    from asyncload._retry import AttemptFailed
+    from asyncload.sources._base import DEFAULT_OPTIONS, Resume
+
+    path = tree / "d" / "b.bin"
+    resume = Resume()
+    first = _local.LocalBackend().stream_version(str(path), 0, 1000, DEFAULT_OPTIONS, resume)
+    assert await first.__anext__() == DATA[:1000]
+    await first.aclose()
+    assert resume.etag is not None
+    assert resume.size == len(DATA)
+    # Unchanged: the resume goes on where it stopped.
+    same = _local.LocalBackend().stream_version(str(path), 1000, 1000, DEFAULT_OPTIONS, resume)
+    assert await same.__anext__() == DATA[1000:2000]
+    await same.aclose()
+    # Replaced meanwhile (a new inode, as an atomic rename gives): refused, never spliced.
+    (tree / "new.bin").write_bytes(DATA[::-1])
+    os.replace(tree / "new.bin", path)
+    again = _local.LocalBackend().stream_version(str(path), 1000, 1000, DEFAULT_OPTIONS, resume)
+    with pytest.raises(AttemptFailed) as info:
+        await again.__anext__()
+    assert info.value.kind is ObjectChanged
+    assert not info.value.retryable

@@ -16,18 +16,22 @@ Adding a scheme is one small module::
 from __future__ import annotations
 
 import abc
+import re
 from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import quote, urlsplit
 
 from .._exceptions import InvalidURL
-from .._retry import Retry
+from .._retry import AttemptFailed, Retry
 
 __all__ = [
     "Backend",
     "ObjectInfo",
+    "Resume",
     "StorageOptions",
     "backend_for",
+    "encode_url",
     "pool_size",
     "register",
     "registered_schemes",
@@ -115,6 +119,27 @@ class StorageOptions:
 DEFAULT_OPTIONS = StorageOptions()
 
 
+@dataclass(slots=True)
+class Resume:
+    """What one :func:`asyncload.stream` download knows about the object across its attempts.
+
+    The first attempt's backend records the object's version (``etag``, ``size``); an attempt
+    that resumes at ``start > 0`` asks only for that version (HTTP ``If-Match`` and
+    ``If-Range``, S3 ``if_match``) and checks what it got, so two versions are never spliced.
+    A changed object is reported as ``AttemptFailed(ObjectChanged, ..., status=412)``.
+
+    Example:
+        >>> resume = Resume()
+        >>> resume.etag is None
+        True
+    """
+
+    etag: str | None = None
+    """The validator of the first response (an ETag, or a backend's own, e.g. local files)."""
+    size: int | None = None
+    """The object's full size as the first response announced it, when known."""
+
+
 class Backend(abc.ABC):
     """One storage protocol. Every method makes a single attempt and may raise
     :class:`~asyncload._retry.AttemptFailed`; anything else is a bug or a cancellation.
@@ -138,6 +163,23 @@ class Backend(abc.ABC):
         self, url: str, start: int, chunk_size: int, options: StorageOptions
     ) -> AsyncGenerator[bytes, None]:
         """Chunks of roughly *chunk_size* bytes from offset *start* to the end."""
+
+    def stream_version(
+        self, url: str, start: int, chunk_size: int, options: StorageOptions, resume: Resume
+    ) -> AsyncGenerator[bytes, None]:
+        """Like :meth:`stream`, but of one version of the object only: what
+        :func:`asyncload.stream` calls, with the same *resume* on every attempt.
+
+        When ``resume.etag`` is ``None``, record the object's validator (and size) there from
+        the response. Otherwise (a resume at ``start > 0``) read only that version (HTTP
+        ``If-Match``/``If-Range``, obstore ``GetOptions(if_match=...)``) and raise
+        ``AttemptFailed(ObjectChanged, ..., status=412)`` when the object is another one now.
+
+        The default is plain :meth:`stream`, which cannot tell that the object was replaced
+        between a cut and the resume; backends override it.
+        """
+        del resume
+        return self.stream(url, start, chunk_size, options)
 
     @abc.abstractmethod
     async def stat(self, url: str, options: StorageOptions) -> ObjectInfo:
@@ -209,3 +251,59 @@ def backend_for(url: str) -> Backend:
             "Register one with asyncload.sources.register(scheme, backend)",
             url=url,
         ) from None
+
+
+# Printable ASCII but space, and no stray `%`: a URL that can go on the wire as it is.
+_WIRE_READY = re.compile(r"[\x21-\x7e]*\Z")
+_STRAY_PERCENT = re.compile(r"%(?![0-9A-Fa-f]{2})")
+# RFC 3986 reserved characters and `%` stay as they are (they carry meaning, and presigned
+# signatures were computed over them); everything else that cannot be sent is percent-encoded.
+_KEEP = "!#$%&'()*+,/:;=?@[]~"
+
+
+def encode_url(url: str) -> str:
+    """*url* as it must go on the wire, or :class:`AttemptFailed` (``InvalidURL``).
+
+    Spaces, TABs, control and non-ASCII characters in the path and query are percent-encoded
+    (UTF-8), as is a ``%`` that starts no escape; escapes already there are kept, so a presigned
+    URL stays valid. What cannot name one object is refused instead of being silently changed:
+    a lone surrogate, whitespace in the host, a port out of range, a broken IPv6 literal.
+
+    Example:
+        >>> encode_url("http://h/a b\tc.bin?x=ä")
+        'http://h/a%20b%09c.bin?x=%C3%A4'
+    """
+    if _WIRE_READY.match(url) and "%" not in url:
+        checked = url
+    else:
+        try:
+            url.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            bad = url[exc.start]
+            raise AttemptFailed(
+                InvalidURL,
+                f"the URL holds a lone surrogate ({bad!a} at position {exc.start}), which "
+                "no URL can carry; it usually comes from bytes decoded with "
+                "errors='surrogateescape': build the URL from the real file name",
+            ) from None
+        head_end = url.find("://") + 3
+        rest = url[head_end:]
+        cut = len(rest)
+        for sep in "/?#":
+            at = rest.find(sep)
+            if at != -1:
+                cut = min(cut, at)
+        netloc, tail = rest[:cut], rest[cut:]
+        if not _WIRE_READY.match(netloc):
+            raise AttemptFailed(
+                InvalidURL,
+                "the URL's host part holds a space, a control or a non-ASCII character; "
+                "fix the host name (internationalized names go in their xn-- form)",
+            )
+        tail = _STRAY_PERCENT.sub("%25", tail)
+        checked = url[:head_end] + netloc + quote(tail, safe=_KEEP)
+    try:
+        urlsplit(checked).port  # noqa: B018 - parses the port and any IPv6 literal
+    except ValueError as exc:
+        raise AttemptFailed(InvalidURL, f"malformed URL ({exc})") from None
+    return checked

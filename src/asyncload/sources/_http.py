@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import re
 import ssl
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
@@ -28,6 +29,7 @@ from .._exceptions import (
     IncompleteRead,
     InvalidURL,
     NotFound,
+    ObjectChanged,
     PermissionDenied,
     RedirectError,
     RequestTimeout,
@@ -35,7 +37,8 @@ from .._exceptions import (
     StorageError,
 )
 from .._retry import AttemptFailed
-from ._base import Backend, ObjectInfo, StorageOptions, pool_size, register
+from ._base import Backend, ObjectInfo, Resume, StorageOptions, encode_url, pool_size, register
+from ._pacing import PacedConnector
 
 __all__ = ["HttpBackend", "map_error"]
 
@@ -43,6 +46,18 @@ _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 _MAX_REDIRECTS = 10
 # Bytes are the payload: ask for no transfer encoding so lengths and ranges mean what they say.
 _BASE_HEADERS = {"Accept-Encoding": "identity"}
+# How much of an error body is read for its message (S3 error XML fits).
+_ERROR_BODY_BYTES = 4096
+_XML_FIELD = re.compile(r"<(\w+)>([^<]{1,300})</\1>")
+# OpenSSL's words for "the peer did not answer in TLS" (a plain-HTTP port, usually).
+_NOT_TLS = (
+    "wrong_version_number",
+    "wrong version number",
+    "record layer failure",
+    "packet length too long",
+    "http request",
+    "unexpected eof while reading",
+)
 
 
 class _LoopClient:
@@ -93,7 +108,8 @@ class HttpBackend(Backend):
 
     async def _new_session(self) -> aiohttp.ClientSession:
         loop = asyncio.get_running_loop()
-        connector = aiohttp.TCPConnector(limit=pool_size(), keepalive_timeout=30.0)
+        # Paced: a burst of new connections would overflow a small listen backlog (see _pacing).
+        connector = PacedConnector(limit=pool_size(), keepalive_timeout=30.0)
         session = aiohttp.ClientSession(
             connector=connector,
             auto_decompress=False,
@@ -153,7 +169,7 @@ class HttpBackend(Backend):
         _, headers, timeout, ssl_arg = cached
         if extra:
             headers = {**headers, **extra}
-        target = url
+        target = encode_url(url)
         for _ in range(_MAX_REDIRECTS + 1):
             try:
                 resp = await session.request(
@@ -166,6 +182,9 @@ class HttpBackend(Backend):
                 )
             except Exception as exc:
                 raise map_error(exc, options) from exc
+            connector = session.connector
+            if isinstance(connector, PacedConnector):
+                connector.settle(resp)
             if resp.status not in _REDIRECTS:
                 return resp
             location = resp.headers.get("Location")
@@ -205,7 +224,7 @@ class HttpBackend(Backend):
         try:
             if resp.status == 416:
                 return b""  # a range past the end: empty, as slicing would give
-            _check_status(resp)
+            await _check_status(resp)
             try:
                 data = await resp.read()
             except Exception as exc:
@@ -218,15 +237,41 @@ class HttpBackend(Backend):
         finally:
             resp.release()
 
-    async def stream(
+    def stream(
         self, url: str, start: int, chunk_size: int, options: StorageOptions
     ) -> AsyncGenerator[bytes, None]:
+        return self._stream(url, start, chunk_size, options, None)
+
+    def stream_version(
+        self, url: str, start: int, chunk_size: int, options: StorageOptions, resume: Resume
+    ) -> AsyncGenerator[bytes, None]:
+        return self._stream(url, start, chunk_size, options, resume)
+
+    async def _stream(
+        self,
+        url: str,
+        start: int,
+        chunk_size: int,
+        options: StorageOptions,
+        resume: Resume | None,
+    ) -> AsyncGenerator[bytes, None]:
         extra = {"Range": f"bytes={start}-"} if start else None
+        known = resume.etag if resume is not None and start else None
+        if extra is not None and known is not None and not known.startswith("W/"):
+            # Only the version we started with: If-Match answers 412 when it changed, and a
+            # server that knows If-Range but not If-Match sends the new version whole (200).
+            # Weak ETags are not allowed in either; those are compared after the response.
+            extra["If-Match"] = known
+            extra["If-Range"] = known
         resp = await self._request("GET", url, options, extra)
         try:
             if resp.status == 416:
                 return
-            _check_status(resp)
+            if resp.status == 412 and known is not None:
+                raise _changed(known, None, start)
+            await _check_status(resp)
+            if resume is not None:
+                _check_version(resp, resume, start)
             skip = start if extra is not None and resp.status == 200 else 0
             received = 0
             try:
@@ -252,7 +297,7 @@ class HttpBackend(Backend):
             if resp.status == 405:  # no HEAD here: ask for one byte and read the total
                 resp.release()
                 resp = await self._request("GET", url, options, {"Range": "bytes=0-0"})
-            _check_status(resp)
+            await _check_status(resp)
             size = _total_size(resp)
             modified = resp.headers.get("Last-Modified")
             return ObjectInfo(
@@ -297,17 +342,60 @@ def _retry_after(resp: aiohttp.ClientResponse) -> float | None:
     return None if when is None else max(0.0, when - time.time())
 
 
-def _check_status(resp: aiohttp.ClientResponse) -> None:
+def _check_version(resp: aiohttp.ClientResponse, resume: Resume, start: int) -> None:
+    """Record the first response's version in *resume*; refuse another one on a resume."""
+    etag = resp.headers.get("ETag")
+    size = _total_size(resp) if resp.status == 206 or resp.content_length is not None else None
+    if resume.etag is None or not start:
+        resume.etag = etag or resp.headers.get("Last-Modified")
+        resume.size = size
+        return
+    now = etag or resp.headers.get("Last-Modified")
+    # A server that ignores If-Match/If-Range (or Range: a 200) still names what it sent.
+    if now is not None and now.removeprefix("W/") != resume.etag.removeprefix("W/"):
+        raise _changed(resume.etag, now, start)
+    if size is not None and resume.size is not None and size != resume.size:
+        raise _changed(resume.etag, f"{now} (size {resume.size} -> {size})", start)
+
+
+def _changed(old: str, new: str | None, start: int) -> AttemptFailed:
+    became = f"became {new}" if new else "no longer matches"
+    return AttemptFailed(
+        ObjectChanged,
+        f"the object was replaced while it was being streamed (ETag {old} {became}); "
+        f"{start} bytes of the old version were already delivered, so it was not resumed "
+        "with the new one: read it again from the start",
+        status=412,
+    )
+
+
+async def _body_hint(resp: aiohttp.ClientResponse) -> str:
+    """The first line of an error body (S3's `<Code>`/`<Message>`), for the message."""
+    try:
+        raw = await asyncio.wait_for(resp.content.read(_ERROR_BODY_BYTES), 1.0)
+    except Exception:
+        return ""
+    text = raw.decode("utf-8", "replace")
+    code = _XML_FIELD.findall(text)
+    if code:
+        said = "; ".join(f"{k}: {v.strip()}" for k, v in code if k in ("Code", "Message"))
+    else:
+        said = " ".join(text.split())[:200]
+    return f"; the server said: {said}" if said else ""
+
+
+async def _check_status(resp: aiohttp.ClientResponse) -> None:
     status = resp.status
     if status < 300:
         return
+    hint = await _body_hint(resp)
     if status in (404, 410):
         raise AttemptFailed(NotFound, "no such object", status=status)
     if status in (401, 403):
         raise AttemptFailed(
             PermissionDenied,
             "access denied; send credentials with asyncload.configure(prefix, "
-            "headers={'Authorization': ...}) or use a (fresh) presigned URL",
+            "headers={'Authorization': ...}) or use a (fresh) presigned URL" + hint,
             status=status,
         )
     if status >= 500 or status == 429:
@@ -319,7 +407,9 @@ def _check_status(resp: aiohttp.ClientResponse) -> None:
             reason=str(status),
             retry_after=_retry_after(resp),
         )
-    raise AttemptFailed(StorageError, f"request refused: {status} {resp.reason}", status=status)
+    raise AttemptFailed(
+        StorageError, f"request refused: {status} {resp.reason}{hint}", status=status
+    )
 
 
 def _check_length(resp: aiohttp.ClientResponse, received: int) -> None:
@@ -348,6 +438,14 @@ def map_error(exc: BaseException, options: StorageOptions) -> AttemptFailed:
     """Translate an aiohttp (or socket) exception from one attempt into an AttemptFailed."""
     if isinstance(exc, AttemptFailed):
         return exc
+    if isinstance(exc, aiohttp.ClientSSLError) and any(
+        word in str(exc).lower() for word in _NOT_TLS
+    ):
+        return AttemptFailed(
+            ConnectError,
+            f"the TLS handshake failed because the server did not answer in TLS ({exc}): "
+            "is this server plain HTTP? Then use an http:// URL",
+        )
     if isinstance(exc, aiohttp.ClientSSLError):
         return AttemptFailed(
             ConnectError,
@@ -390,7 +488,8 @@ def map_error(exc: BaseException, options: StorageOptions) -> AttemptFailed:
             retryable=not refused,
             reason="connect",
         )
-    if isinstance(exc, aiohttp.InvalidURL):
+    if isinstance(exc, (aiohttp.InvalidURL, ValueError)):
+        # yarl refuses some URLs urlsplit lets through (text after an IPv6 literal).
         return AttemptFailed(InvalidURL, f"malformed URL: {exc}")
     if isinstance(exc, (aiohttp.ClientError, OSError)):
         return AttemptFailed(

@@ -13,15 +13,16 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+import re
 from collections.abc import AsyncGenerator
 from urllib.parse import quote, unquote, urlsplit
 
 import aiofiles
 import aiofiles.os
 
-from .._exceptions import InvalidURL, NotFound, PermissionDenied, StorageError
+from .._exceptions import InvalidURL, NotFound, ObjectChanged, PermissionDenied, StorageError
 from .._retry import AttemptFailed
-from ._base import Backend, ObjectInfo, StorageOptions, register
+from ._base import Backend, ObjectInfo, Resume, StorageOptions, register, registered_schemes
 
 __all__ = ["LocalBackend", "map_error", "to_path"]
 
@@ -38,10 +39,32 @@ def to_path(url: str) -> str:
     return unquote(parts.path)
 
 
-def map_error(exc: OSError) -> AttemptFailed:
-    """Translate an OSError from one local operation."""
+# `http:/host/x`, `s3:bucket/k`: a scheme with fewer than two slashes.
+_SCHEME_SHORT = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):/?(?!/)")
+# `127.0.0.1:8000/x`, `localhost:8000/x`, `[::1]:80/x`, `data.example.com:443/x`.
+_HOST_PORT = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):\d{1,5}(/|$)")
+
+
+def url_hint(url: str) -> str:
+    """A hint when a "path" that was not found looks like a URL missing its ``//``."""
+    short = _SCHEME_SHORT.match(url)
+    if short is not None and short.group(1).lower() in registered_schemes():
+        scheme = short.group(1).lower()
+        if scheme not in ("", "file"):
+            fixed = f"{scheme}://{url[short.end() :]}"
+            return f"; {url!r} looks like a URL missing '//': did you mean {fixed!r}?"
+    if _HOST_PORT.match(url):
+        return (
+            f"; {url!r} was read as a local path, but it looks like a URL missing its scheme: "
+            f"did you mean 'http://{url}'?"
+        )
+    return ""
+
+
+def map_error(exc: OSError, url: str = "") -> AttemptFailed:
+    """Translate an OSError from one local operation on *url*."""
     if isinstance(exc, FileNotFoundError) or exc.errno in (errno.ENOENT, errno.ENOTDIR):
-        return AttemptFailed(NotFound, f"no such file: {exc.strerror or exc}")
+        return AttemptFailed(NotFound, f"no such file: {exc.strerror or exc}{url_hint(url)}")
     if isinstance(exc, PermissionError) or exc.errno in (errno.EACCES, errno.EPERM):
         return AttemptFailed(
             PermissionDenied,
@@ -94,26 +117,50 @@ class LocalBackend(Backend):
         try:
             return await loop.run_in_executor(None, _read_range, path, start, end)
         except OSError as exc:
-            raise map_error(exc) from exc
+            raise map_error(exc, url) from exc
 
-    async def stream(
+    def stream(
         self, url: str, start: int, chunk_size: int, options: StorageOptions
+    ) -> AsyncGenerator[bytes, None]:
+        return self._stream(url, start, chunk_size, None)
+
+    def stream_version(
+        self, url: str, start: int, chunk_size: int, options: StorageOptions, resume: Resume
+    ) -> AsyncGenerator[bytes, None]:
+        return self._stream(url, start, chunk_size, resume)
+
+    async def _stream(
+        self, url: str, start: int, chunk_size: int, resume: Resume | None
     ) -> AsyncGenerator[bytes, None]:
         path = to_path(url)
         try:
             async with aiofiles.open(path, "rb") as f:
+                if resume is not None:
+                    # Files have no ETag: inode, size and mtime name the version opened.
+                    st = os.fstat(f.fileno())
+                    version = f"{st.st_ino:x}-{st.st_size:x}-{st.st_mtime_ns:x}"
+                    if resume.etag is None or not start:
+                        resume.etag, resume.size = version, st.st_size
+                    elif version != resume.etag:
+                        raise AttemptFailed(
+                            ObjectChanged,
+                            f"the file was replaced or modified while it was being streamed; "
+                            f"{start} bytes of the old version were already delivered, so it "
+                            "was not resumed with the new one: read it again from the start",
+                            status=412,
+                        )
                 if start:
                     await f.seek(start)
                 while chunk := await f.read(chunk_size):
                     yield chunk
         except OSError as exc:
-            raise map_error(exc) from exc
+            raise map_error(exc, url) from exc
 
     async def stat(self, url: str, options: StorageOptions) -> ObjectInfo:
         try:
             st = await aiofiles.os.stat(to_path(url))
         except OSError as exc:
-            raise map_error(exc) from exc
+            raise map_error(exc, url) from exc
         return ObjectInfo(url=url, size=st.st_size, etag=None, mtime=st.st_mtime)
 
     async def list(self, prefix_url: str, options: StorageOptions) -> list[str]:
@@ -122,7 +169,7 @@ class LocalBackend(Backend):
         try:
             paths = await loop.run_in_executor(None, _walk, root)
         except OSError as exc:
-            raise map_error(exc) from exc
+            raise map_error(exc, prefix_url) from exc
         if prefix_url.startswith(("file:", "FILE:")):
             # _walk joined onto an absolute root, so these are absolute already.
             return ["file://" + quote(p) for p in paths]

@@ -1,0 +1,120 @@
+"""Open new connections to one host a few at a time, not in a burst of hundreds of SYNs.
+
+A server with a small listen backlog (``python -m http.server`` has 5) drops the SYNs that do
+not fit in its accept queue; the kernel retries them after 1 s, then 3 s, so a burst of 64
+connections turns a 1 ms request into a 1 s or 3 s one, silently. Holding the *connect* alone
+is not enough: the handshake completes in the kernel before the server calls ``accept()``, so
+a connection only proves that the server took it when its first response arrives.
+
+:class:`PacedConnector` therefore lets at most ``burst`` connections per host be *unproven*
+(opened, with no response yet). A slot is given back at the first response on the connection,
+when the connection fails, or after ``grace`` seconds, so that a slow but healthy server (whose
+first response takes longer than ``grace``) still gets its pool filled quickly: ``burst``
+connections every ``grace`` seconds at the slowest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from typing import Any
+
+import aiohttp
+
+__all__ = ["PacedConnector"]
+
+# New connections per host that may await their first response at once: fewer than the
+# smallest common listen backlog (5, socketserver's and http.server's default).
+BURST = 4
+# Seconds after which a connection with no response gives its slot back anyway (a stalled
+# server must not hold up new connections for good); the first SYN retry comes at 1 s.
+GRACE = 1.0
+
+
+class _Host:
+    __slots__ = ("pending", "proven", "unproven", "waiters")
+
+    def __init__(self) -> None:
+        self.pending = 0  # connects under way, not yet a protocol
+        self.unproven: dict[Any, asyncio.TimerHandle] = {}
+        self.proven: set[Any] = set()
+        self.waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+
+    def limit(self, burst: int) -> int:
+        # Slow start: every kept-alive connection the server has answered on earns one more
+        # new connection in flight, so a healthy pool doubles per round trip; a server that
+        # closes after each response (HTTP/1.0, http.server) stays at `burst`.
+        self.proven = {p for p in self.proven if p.is_connected() and not p.should_close}
+        return burst + len(self.proven)
+
+    def wake(self, burst: int) -> None:
+        room = self.limit(burst) - self.pending - len(self.unproven)
+        while room > 0 and self.waiters:
+            waiter = self.waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                room -= 1
+
+
+class PacedConnector(aiohttp.TCPConnector):
+    """A :class:`aiohttp.TCPConnector` that paces new connections per host (see module doc).
+
+    Example:
+        >>> connector = PacedConnector(limit=64)  # doctest: +SKIP
+        >>> session = aiohttp.ClientSession(connector=connector)  # doctest: +SKIP
+    """
+
+    def __init__(self, *args: Any, burst: int = BURST, grace: float = GRACE, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._pace_burst = burst
+        self._pace_grace = grace
+        self._pace_hosts: dict[tuple[str, int | None], _Host] = {}
+        self._pace_host_of: dict[Any, _Host] = {}  # unproven protocol -> its host
+
+    async def _create_connection(self, req: Any, traces: Any, timeout: Any) -> Any:
+        key = (req.host, req.port)
+        host = self._pace_hosts.get(key)
+        if host is None:
+            host = self._pace_hosts[key] = _Host()
+        while host.waiters or host.pending + len(host.unproven) >= host.limit(self._pace_burst):
+            waiter = asyncio.get_running_loop().create_future()
+            host.waiters.append(waiter)
+            try:
+                await waiter
+            except BaseException:
+                waiter.cancel()
+                host.wake(self._pace_burst)  # pass on a wake-up this waiter may have taken
+                raise
+            if host.pending + len(host.unproven) < host.limit(self._pace_burst):
+                break
+        host.pending += 1
+        try:
+            proto = await super()._create_connection(req, traces, timeout)
+        except BaseException:
+            host.pending -= 1
+            host.wake(self._pace_burst)
+            raise
+        host.pending -= 1
+        host.unproven[proto] = asyncio.get_running_loop().call_later(
+            self._pace_grace, self._pace_release, proto, False
+        )
+        self._pace_host_of[proto] = host
+        return proto
+
+    def _pace_release(self, proto: Any, answered: bool) -> None:
+        host = self._pace_host_of.pop(proto, None)
+        if host is None:
+            return
+        host.unproven.pop(proto).cancel()
+        if answered:
+            host.proven.add(proto)
+        host.wake(self._pace_burst)
+
+    def settle(self, response: aiohttp.ClientResponse) -> None:
+        """The server answered *response*: its connection stops holding a slot."""
+        if self._pace_host_of:
+            proto = getattr(response, "_protocol", None)
+            if proto is None and response.connection is not None:
+                proto = response.connection.protocol
+            if proto is not None:
+                self._pace_release(proto, True)
