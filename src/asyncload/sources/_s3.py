@@ -1,7 +1,8 @@
 """``s3://``, ``gs://`` and ``az://`` through obstore (Rust object_store; ~100 µs of CPU per GET).
 
 One store per bucket (container) per process, built on first use from the bucket URL, the cloud's
-standard environment variables, and the options configured for the URL's prefix. obstore's own
+standard environment variables, and the options configured for the URL's prefix, mapped to each
+store's own configuration keys by :mod:`._cloud_config`. obstore's own
 retries are turned off (``max_retries=0``) so that :class:`asyncload.Retry` alone decides, and
 the attempt count in errors and stats is the true one.
 
