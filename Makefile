@@ -4,6 +4,8 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# Azurite (the Azure Storage emulator) for the az:// tests, from the npm registry.
+AZURITE := .azurite/.installed-3.37.0
 
 .PHONY: demo test lint typecheck docs pytest bench clean
 
@@ -28,13 +30,17 @@ typecheck: $(STAMP)
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir .site
 
-pytest: $(STAMP)
+$(AZURITE):
+	npm install --prefix .azurite --no-audit --no-fund --silent azurite@3.37.0
+	touch $(AZURITE)
+
+pytest: $(STAMP) $(AZURITE)
 	$(BIN)/pytest
 
-bench: $(STAMP)
+bench: $(STAMP) $(AZURITE)
 	$(BIN)/python benchmarks/bench_loader.py
 	$(BIN)/python benchmarks/bench_storage.py
 	$(BIN)/python benchmarks/bench_shards.py
 
 clean:
-	rm -rf $(VENV) .site .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .site .mypy_cache .ruff_cache .pytest_cache .azurite

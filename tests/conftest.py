@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from ._azurite import AzuriteServer, azurite_context
+from ._gcs_server import GcsServer, gcs_server_context
 from ._http_server import ObjectServer, http_server_context
 from ._procs import worker_processes
 from ._s3_server import S3Server, s3_server_context
@@ -78,6 +80,56 @@ def s3_server(_s3_server_session: S3Server, monkeypatch: pytest.MonkeyPatch) -> 
     _storage.reset()
     yield _s3_server_session
     _s3_server_session.enforce_auth(False)
+    _storage.reset()
+
+
+# -- GCS (fake-gcs-server) and Azure (Azurite): tests/_gcs_server.py, tests/_azurite.py --------
+
+# Variables that would point a test's stores elsewhere than the emulator it means.
+_CLOUD_ENV = (
+    "STORAGE_EMULATOR_HOST GOOGLE_BASE_URL GOOGLE_SKIP_SIGNATURE GOOGLE_SERVICE_ACCOUNT "
+    "GOOGLE_SERVICE_ACCOUNT_PATH GOOGLE_SERVICE_ACCOUNT_KEY GOOGLE_APPLICATION_CREDENTIALS "
+    "GOOGLE_BEARER_TOKEN AZURE_STORAGE_CONNECTION_STRING AZURE_STORAGE_USE_EMULATOR "
+    "AZURE_STORAGE_ACCOUNT_NAME AZURE_STORAGE_ACCOUNT_KEY AZURE_STORAGE_SAS_KEY "
+    "AZURE_STORAGE_ENDPOINT AZURE_ENDPOINT SSL_CERT_FILE"
+).split()
+
+
+@pytest.fixture(scope="session")
+def _gcs_session() -> Iterator[GcsServer]:
+    yield from gcs_server_context()
+
+
+@pytest.fixture(scope="session")
+def _azurite_session() -> Iterator[AzuriteServer]:
+    yield from azurite_context()
+
+
+@pytest.fixture
+def gcs_server(_gcs_session: GcsServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[GcsServer]:
+    """fake-gcs-server on 127.0.0.1 (and its fault proxy), no cloud variables set."""
+    from asyncload import _storage
+
+    for name in _CLOUD_ENV:
+        monkeypatch.delenv(name, raising=False)
+    _storage.reset()
+    _gcs_session.proxy.reset()
+    yield _gcs_session
+    _storage.reset()
+
+
+@pytest.fixture
+def azurite(
+    _azurite_session: AzuriteServer, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[AzuriteServer]:
+    """Azurite's blob service on 127.0.0.1 (and its fault proxy), no cloud variables set."""
+    from asyncload import _storage
+
+    for name in _CLOUD_ENV:
+        monkeypatch.delenv(name, raising=False)
+    _storage.reset()
+    _azurite_session.proxy.reset()
+    yield _azurite_session
     _storage.reset()
 
 

@@ -24,6 +24,13 @@ def test_examples_exist() -> None:
     assert EXAMPLES, f"no examples found in {ROOT / 'examples'}"
 
 
+def test_every_storage_backend_has_an_example() -> None:
+    # Each documented backend is shown working against a loopback server (or an emulator).
+    names = {p.name for p in EXAMPLES}
+    for name in ("read_local.py", "read_http.py", "read_s3.py", "read_gcs.py", "read_azure.py"):
+        assert name in names, f"examples/{name} is missing"
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(TIMEOUT + 30)
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])

@@ -131,6 +131,10 @@ def configure(prefix: str, options: StorageOptions | None = None, /, **kwargs: A
         options = dataclasses.replace(options, **kwargs)
     if not isinstance(prefix, str) or not prefix:
         raise ValueError(f"configure() needs a non-empty URL prefix, got {prefix!r}")
+    # A misspelt backend key (credentials=/extra=) fails here, not at the first read in a worker.
+    check = getattr(_base._registry.get(_base.split_scheme(prefix)), "check_options", None)
+    if check is not None:
+        check(prefix, options)
     _install([(p, o) for p, o in _prefixes if p != prefix] + [(prefix, options)])
 
 

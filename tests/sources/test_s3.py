@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import ssl
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 import asyncload
 from asyncload import _stats, _storage
-from asyncload._exceptions import ConnectError, NotFound, PermissionDenied, ServerError
+from asyncload._exceptions import ConnectError, InvalidURL, NotFound, PermissionDenied, ServerError
 from asyncload.sources import _s3
 
-from .._http_server import ObjectServer
+from .._http_server import ObjectServer, serve_in_thread, stop
 from .._s3_server import ACCESS_KEY, REGION, SECRET_KEY, S3Server
 
 pytest.importorskip("obstore", reason="obstore (asyncload[s3]) is not installed")
@@ -222,3 +224,179 @@ def test_map_error_403_names_the_variables_per_cloud() -> None:
         assert failure.kind is PermissionDenied
         assert not failure.retryable
         assert var in failure.message
+
+
+# -- a typo next to a private endpoint (issue 12, item 10) -----------------------------------
+
+
+@pytest.mark.asyncio
+async def test_unmatched_bucket_next_to_a_private_endpoint_is_refused(
+    http_server: ObjectServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+    http_server.put("bucket-a/k", DATA)
+    _storage.configure("s3://bucket-a", endpoint=http_server.url, region=REGION)
+    assert await asyncload.read("s3://bucket-a/k") == DATA
+    with pytest.raises(InvalidURL, match="matches no configured prefix") as info:
+        await asyncload.read("s3://bucket-aa/k")  # would go, signed, to AWS
+    message = str(info.value)
+    assert "s3://bucket-a " in message
+    assert "asyncload.configure('s3://bucket-aa')" in message
+    assert info.value.attempts == 1
+    assert SECRET_KEY not in message
+    # Saying so is enough: a catch-all prefix makes the public endpoint deliberate.
+    _storage.configure("s3://", region=REGION, endpoint="http://127.0.0.1:9")
+    with pytest.raises(ConnectError):
+        await asyncload.read("s3://bucket-aa/k")
+
+
+@pytest.mark.asyncio
+async def test_unmatched_bucket_goes_to_the_environment_endpoint(s3_server: S3Server) -> None:
+    # AWS_ENDPOINT_URL (set by the fixture) is a deliberate default: nothing to refuse.
+    bucket = s3_server.bucket("asyncload-env-default", {"k": b"env"})
+    _storage.configure("s3://asyncload-other", endpoint="http://127.0.0.1:9")
+    assert await asyncload.read(f"{bucket}/k") == b"env"
+
+
+def test_misspelt_credential_key_is_refused_at_configure() -> None:
+    with pytest.raises(TypeError) as info:
+        asyncload.configure("s3://bucket", credentials={"secret_acess_key": "x"})
+    message = str(info.value)
+    assert "'secret_acess_key'" in message
+    assert "did you mean 'secret_access_key'" in message
+    assert "valid: access_key_id," in message
+    # obstore's aliases are accepted: upper case, and the variable names.
+    asyncload.configure("s3://bucket", credentials={"AWS_SECRET_ACCESS_KEY": "x"})
+    asyncload.configure("s3://bucket", extra={"virtual_hosted_style_request": "false"})
+
+
+@pytest.mark.asyncio
+async def test_endpoint_option_works_for_every_scheme() -> None:
+    from asyncload.sources._cloud_config import store_config
+
+    opts = asyncload.StorageOptions(endpoint="http://127.0.0.1:1234")
+    assert store_config("s3", opts)[0]["endpoint"] == "http://127.0.0.1:1234"
+    assert store_config("gs", opts)[0]["base_url"] == "http://127.0.0.1:1234"
+    assert store_config("az", opts)[0]["endpoint"] == "http://127.0.0.1:1234"
+    for scheme in ("s3", "gs", "az"):
+        assert store_config(scheme, opts)[1]["allow_http"] is True
+
+
+# -- S3 over HTTPS with a private CA (issue 12, item 12) --------------------------------------
+
+
+def _private_ca(tmp: Path) -> tuple[str, str, str]:
+    """A CA, and a server certificate for 127.0.0.1 it signed: (ca.pem, cert.pem, key.pem).
+
+    rustls (obstore) refuses a self-signed CA certificate used as the server's own.
+    """
+    pytest.importorskip("cryptography", reason="cryptography makes the test certificates")
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "asyncload test CA")])
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(False, False, False, False, False, True, True, False, False),
+            critical=True,
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")]))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    paths = (tmp / "ca.pem", tmp / "cert.pem", tmp / "key.pem")
+    paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    paths[1].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    paths[2].write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return str(paths[0]), str(paths[1]), str(paths[2])
+
+
+@pytest.fixture
+def https_s3(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[ObjectServer, str]]:
+    """The object server over HTTPS with a certificate from a private CA, as an S3 endpoint."""
+    ca, cert, key = _private_ca(tmp_path)
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(cert, key)
+    running = serve_in_thread(ObjectServer(), ssl_context=ctx)
+    for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT", "SSL_CERT_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+    try:
+        running.state.put("asyncload-tls/k", DATA)
+        yield running.state, ca
+    finally:
+        stop(running)
+
+
+@pytest.mark.asyncio
+async def test_https_endpoint_with_a_private_ca(https_s3: tuple[ObjectServer, str]) -> None:
+    server, ca = https_s3
+    assert server.url.startswith("https://")
+    _storage.configure("s3://asyncload-tls", endpoint=server.url, region=REGION, ca_bundle=ca)
+    assert await asyncload.read("s3://asyncload-tls/k") == DATA
+
+
+@pytest.mark.asyncio
+async def test_https_endpoint_trusts_ssl_cert_file(
+    https_s3: tuple[ObjectServer, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server, ca = https_s3
+    monkeypatch.setenv("SSL_CERT_FILE", ca)
+    _storage.configure("s3://asyncload-tls", endpoint=server.url, region=REGION)
+    assert await asyncload.read("s3://asyncload-tls/k") == DATA
+
+
+@pytest.mark.asyncio
+async def test_tls_verification_failure_is_not_retried(https_s3: tuple[ObjectServer, str]) -> None:
+    server, _ = https_s3
+    _storage.configure(
+        "s3://asyncload-tls",
+        endpoint=server.url,
+        region=REGION,
+        retry=asyncload.Retry(attempts=5, backoff=0.01),
+    )
+    with pytest.raises(ConnectError, match="TLS verification failed") as info:
+        await asyncload.read("s3://asyncload-tls/k")
+    assert info.value.attempts == 1
+    assert "ca_bundle" in str(info.value)
+    assert server.hits["asyncload-tls/k"] == 0  # no request got past the handshake

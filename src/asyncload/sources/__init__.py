@@ -6,7 +6,8 @@ Importing this package registers the built-in backends:
 scheme                 module                      library
 =====================  ==========================  ==============================
 ``http``, ``https``    :mod:`._http`               aiohttp
-``s3``, ``gs``, ``az`` :mod:`._s3`                 obstore (optional dependency)
+``s3``, ``gs``, ``az`` :mod:`._s3`                 obstore (optional dependency);
+                       (+ :mod:`._cloud_config`)   options mapped per cloud
 ``file``, plain paths  :mod:`._local`              aiofiles / the default executor
 =====================  ==========================  ==============================
 

@@ -1,7 +1,8 @@
 """``s3://``, ``gs://`` and ``az://`` through obstore (Rust object_store; ~100 µs of CPU per GET).
 
 One store per bucket (container) per process, built on first use from the bucket URL, the cloud's
-standard environment variables, and the options configured for the URL's prefix. obstore's own
+standard environment variables, and the options configured for the URL's prefix, mapped to each
+store's own configuration keys by :mod:`._cloud_config`. obstore's own
 retries are turned off (``max_retries=0``) so that :class:`asyncload.Retry` alone decides, and
 the attempt count in errors and stats is the true one.
 
@@ -30,11 +31,17 @@ from .._exceptions import (
     StorageError,
 )
 from .._retry import AttemptFailed
-from ._base import Backend, ObjectInfo, StorageOptions, pool_size, register
+from ._base import DEFAULT_OPTIONS, Backend, ObjectInfo, StorageOptions, pool_size, register
+from ._cloud_config import check_options, store_config, unmatched_refusal
 
 __all__ = ["ObjectStoreBackend", "map_error", "split_bucket"]
 
 _STATUS = re.compile(r"(?:status(?: code)?:? )(\d{3})")
+_TLS = re.compile(r"certificate|UnknownIssuer|InvalidCertificate|tls handshake", re.IGNORECASE)
+_CHANGED = (
+    "the object changed since the first byte was read (its ETag no longer matches); "
+    "read it again from the start"
+)
 # Without a total timeout a large object would be cut off at obstore's default of 30 s; the
 # read timeout is what catches a stalled body.
 _NO_TOTAL_TIMEOUT = timedelta(hours=24)
@@ -61,15 +68,6 @@ def split_bucket(url: str) -> tuple[str, str, str]:
     return scheme.lower(), bucket, key
 
 
-def _s3_endpoint(options: StorageOptions) -> str | None:
-    return (
-        options.endpoint
-        or os.environ.get("AWS_ENDPOINT_URL_S3")
-        or os.environ.get("AWS_ENDPOINT_URL")
-        or os.environ.get("AWS_ENDPOINT")
-    )
-
-
 def _build_store(scheme: str, bucket: str, options: StorageOptions) -> Any:
     try:
         from obstore.store import from_url
@@ -77,37 +75,18 @@ def _build_store(scheme: str, bucket: str, options: StorageOptions) -> Any:
         raise AttemptFailed(
             InvalidURL, f"{scheme}:// URLs need obstore: pip install 'asyncload[s3]' ({exc})"
         ) from exc
-    config: dict[str, Any] = {}
-    allow_http = options.allow_http
-    if scheme == "s3":
-        endpoint = _s3_endpoint(options)
-        if options.endpoint:
-            config["endpoint"] = options.endpoint
-        if options.region:
-            config["region"] = options.region
-        if allow_http is None:
-            allow_http = bool(endpoint and endpoint.startswith("http://"))
-    elif options.endpoint:
-        config["endpoint"] = options.endpoint
-    config.update(options.credentials or {})
-    config.update(options.extra)
-    client: dict[str, Any] = {
-        "connect_timeout": timedelta(seconds=options.connect_timeout),
-        "read_timeout": timedelta(seconds=options.read_timeout),
-        "timeout": (
+    try:
+        config, client = store_config(scheme, options)
+    except OSError as exc:  # an unreadable ca_bundle / SSL_CERT_FILE
+        raise AttemptFailed(ConnectError, f"cannot read the CA bundle: {exc}") from exc
+    client.update(
+        connect_timeout=timedelta(seconds=options.connect_timeout),
+        read_timeout=timedelta(seconds=options.read_timeout),
+        timeout=(
             timedelta(seconds=options.total_timeout) if options.total_timeout else _NO_TOTAL_TIMEOUT
         ),
-        "pool_max_idle_per_host": str(pool_size()),
-    }
-    if allow_http:
-        client["allow_http"] = True
-    if not options.verify:
-        client["allow_invalid_certificates"] = True
-    if options.ca_bundle:
-        with open(options.ca_bundle, "rb") as f:
-            client["root_certificate"] = f.read()
-    if options.headers:
-        client["default_headers"] = dict(options.headers)
+        pool_max_idle_per_host=str(pool_size()),
+    )
     # asyncload.Retry decides; obstore makes exactly one attempt per call.
     retry = {"max_retries": 0, "retry_timeout": timedelta(seconds=options.read_timeout * 4)}
     build: Any = from_url  # its overloads want TypedDicts; ours are checked above
@@ -124,6 +103,7 @@ def map_error(exc: BaseException, scheme: str = "s3") -> AttemptFailed:
     from obstore.exceptions import (
         InvalidPathError,
         PermissionDeniedError,
+        PreconditionError,
         UnauthenticatedError,
     )
 
@@ -133,6 +113,8 @@ def map_error(exc: BaseException, scheme: str = "s3") -> AttemptFailed:
         summary = summary[:400] + "…"
     match = _STATUS.search(text)
     status = int(match.group(1)) if match else None
+    if isinstance(exc, PreconditionError) or status == 412:
+        return AttemptFailed(StorageError, _CHANGED, status=412)
     if isinstance(exc, FileNotFoundError) or status == 404:
         return AttemptFailed(NotFound, "no such object", status=status or 404)
     if isinstance(exc, (PermissionDeniedError, UnauthenticatedError)) or status in (401, 403):
@@ -157,6 +139,13 @@ def map_error(exc: BaseException, scheme: str = "s3") -> AttemptFailed:
         return AttemptFailed(StorageError, summary, status=status)
     if isinstance(exc, (InvalidPathError, ValueError)):
         return AttemptFailed(InvalidURL, summary)
+    if status is None and _TLS.search(text):
+        # Waiting will not make a certificate valid: fail on the first attempt.
+        return AttemptFailed(
+            ConnectError,
+            f"TLS verification failed ({summary}); trust a private CA with "
+            "asyncload.configure(prefix, ca_bundle='/path/to/ca.pem') or SSL_CERT_FILE",
+        )
     if "ConnectionRefused" in text or "dns error" in text:
         return AttemptFailed(ConnectError, f"cannot connect: {summary}")
     if "TimedOut" in text or "timed out" in text or "Timeout" in text:
@@ -168,6 +157,11 @@ def map_error(exc: BaseException, scheme: str = "s3") -> AttemptFailed:
 
 class ObjectStoreBackend(Backend):
     """obstore-based backend for S3 (and S3-compatible), Google Cloud Storage and Azure Blob.
+
+    ``read`` and ``stream`` take an optional ``if_match`` ETag: the GET is then conditional
+    (``If-Match``), and a response for another version of the object, refused by the store
+    (412) or noticed here from its ETag (emulators that ignore ``If-Match``), fails with a
+    non-retryable :class:`~asyncload.StorageError` of status 412 instead of splicing versions.
 
     Example:
         >>> asyncload.configure("s3://bucket", endpoint="http://127.0.0.1:9000")  # doctest: +SKIP
@@ -183,6 +177,10 @@ class ObjectStoreBackend(Backend):
         """Forget every store (new options or credentials take effect on next use)."""
         self._stores.clear()
 
+    def check_options(self, prefix: str, options: StorageOptions) -> None:
+        """Reject, at ``configure()`` time, config keys the prefix's cloud does not know."""
+        check_options(prefix, prefix.partition("://")[0].lower(), options)
+
     def _store(self, scheme: str, bucket: str, options: StorageOptions) -> Any:
         if self._pid != os.getpid():  # a store never crosses a fork
             self._stores.clear()
@@ -190,11 +188,23 @@ class ObjectStoreBackend(Backend):
         key = (scheme, bucket, id(options))
         entry = self._stores.get(key)
         if entry is None:
+            if options is DEFAULT_OPTIONS:
+                from .. import _storage  # configured prefixes; imported late (it imports us)
+
+                refusal = unmatched_refusal(scheme, bucket, _storage.export_config().prefixes)
+                if refusal:
+                    raise AttemptFailed(InvalidURL, refusal)
             entry = self._stores[key] = (options, _build_store(scheme, bucket, options))
         return entry[1]
 
     async def read(
-        self, url: str, start: int | None, end: int | None, options: StorageOptions
+        self,
+        url: str,
+        start: int | None,
+        end: int | None,
+        options: StorageOptions,
+        *,
+        if_match: str | None = None,
     ) -> bytes:
         import obstore
 
@@ -205,13 +215,15 @@ class ObjectStoreBackend(Backend):
                 first = start or 0
                 if end <= first:
                     return b""
-                return bytes(await obstore.get_range_async(store, key, start=first, end=end))
-            result = await obstore.get_async(
-                store, key, options={"range": {"offset": start}} if start else None
-            )
+                if if_match is None:
+                    return bytes(await obstore.get_range_async(store, key, start=first, end=end))
+            result = await obstore.get_async(store, key, options=_get_options(start, end, if_match))
+            _check_version(result, if_match)
             data = await result.bytes_async()
+        except AttemptFailed:
+            raise
         except Exception as exc:
-            raise map_error(exc, scheme) from exc
+            raise _map_conditional(exc, scheme, if_match) from exc
         lo, hi = result.range
         if len(data) != hi - lo:
             raise AttemptFailed(
@@ -223,7 +235,13 @@ class ObjectStoreBackend(Backend):
         return bytes(data)
 
     async def stream(
-        self, url: str, start: int, chunk_size: int, options: StorageOptions
+        self,
+        url: str,
+        start: int,
+        chunk_size: int,
+        options: StorageOptions,
+        *,
+        if_match: str | None = None,
     ) -> AsyncGenerator[bytes, None]:
         import obstore
 
@@ -231,14 +249,15 @@ class ObjectStoreBackend(Backend):
         store = self._store(scheme, bucket, options)
         try:
             result = await obstore.get_async(
-                store, key, options={"range": {"offset": start}} if start else None
+                store, key, options=_get_options(start or None, None, if_match)
             )
+            _check_version(result, if_match)
             async for chunk in result.stream(min_chunk_size=chunk_size):
                 yield bytes(chunk)
         except AttemptFailed:
             raise
         except Exception as exc:
-            raise map_error(exc, scheme) from exc
+            raise _map_conditional(exc, scheme, if_match) from exc
 
     async def stat(self, url: str, options: StorageOptions) -> ObjectInfo:
         import obstore
@@ -265,12 +284,45 @@ class ObjectStoreBackend(Backend):
         base = f"{scheme}://{bucket}/"
         urls: list[str] = []
         try:
-            # object_store follows continuation tokens; 1,000 keys per page is S3's maximum.
+            # object_store follows continuation tokens (S3, GCS and Azure page at 1,000 or
+            # 5,000 keys); chunk_size only sizes the batches handed to us.
             async for page in obstore.list(store, prefix.rstrip("/") or None, chunk_size=1000):
                 urls.extend(base + meta["path"] for meta in page)
         except Exception as exc:
             raise map_error(exc, scheme) from exc
         return urls
+
+
+def _get_options(start: int | None, end: int | None, if_match: str | None) -> Any:
+    options: dict[str, Any] = {}
+    if end is not None:
+        options["range"] = (start or 0, end)
+    elif start:
+        options["range"] = {"offset": start}
+    if if_match is not None:
+        options["if_match"] = if_match
+    return options or None
+
+
+def _map_conditional(exc: BaseException, scheme: str, if_match: str | None) -> AttemptFailed:
+    failure = map_error(exc, scheme)
+    if if_match is not None and failure.status == 416:
+        # The range was valid for the version we started on: the object has since shrunk.
+        return AttemptFailed(StorageError, _CHANGED, status=412)
+    return failure
+
+
+def _bare(etag: str) -> str:
+    return etag.removeprefix("W/").strip('"')
+
+
+def _check_version(result: Any, if_match: str | None) -> None:
+    """Refuse a response for another version than *if_match*, even if the store sent it."""
+    if if_match is None:
+        return
+    etag = result.meta.get("e_tag")
+    if etag is not None and _bare(etag) != _bare(if_match):
+        raise AttemptFailed(StorageError, _CHANGED, status=412)
 
 
 _backend = ObjectStoreBackend()
