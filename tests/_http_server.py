@@ -41,6 +41,10 @@ class ObjectServer:
     active: int = 0
     peak_active: int = 0  # most requests in the handler at once since reset()
     headers_seen: list[dict[str, str]] = field(default_factory=list)
+    # Per-path delays (seconds) taken one per request, after the global latency: a path with
+    # delays queued gets its next request held that long (a straggler); empty: no extra delay.
+    delays: dict[str, collections.deque[float]] = field(default_factory=dict)
+    cancelled: int = 0  # requests whose client went away before the response was sent
 
     @property
     def url(self) -> str:
@@ -56,7 +60,13 @@ class ObjectServer:
     def fail(self, path: str, *faults: str) -> None:
         self.faults.setdefault(path.lstrip("/"), collections.deque()).extend(faults)
 
+    def delay(self, path: str, *seconds: float) -> None:
+        """Hold the next requests to *path* for these many seconds, one value per request."""
+        self.delays.setdefault(path.lstrip("/"), collections.deque()).extend(seconds)
+
     def reset(self) -> None:
+        self.delays.clear()
+        self.cancelled = 0
         self.objects.clear()
         self.faults.clear()
         self.hits.clear()
@@ -86,6 +96,9 @@ def _make_app(state: ObjectServer) -> web.Application:
         state.hits[path] += 1
         if state.latency or state.jitter:
             await asyncio.sleep(state.latency + random.uniform(0, state.jitter))
+        held = state.delays.get(path)
+        if held:
+            await asyncio.sleep(held.popleft())
         queue = state.faults.get(path)
         fault = queue.popleft() if queue else None
         if fault is not None:
@@ -137,6 +150,9 @@ def _make_app(state: ObjectServer) -> web.Application:
         state.peak_active = max(state.peak_active, state.active)
         try:
             return await handle(request)
+        except asyncio.CancelledError:
+            state.cancelled += 1  # handler_cancellation: the client closed the connection
+            raise
         finally:
             state.active -= 1
 
