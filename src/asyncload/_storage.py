@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator, Mapping
 from contextlib import aclosing
 from typing import Any
 
-from . import _stats
+from . import _cache, _hedge, _stats
 from ._exceptions import InvalidURL, LoadError
 from ._retry import AttemptFailed, Retry, backoff, give_up, next_wait, retrying
 from .sources import _base
@@ -166,6 +166,8 @@ def pool_size() -> int:
 def reset() -> None:
     """Forget every configured prefix and cached store (tests)."""
     _install([])
+    _hedge.reset()
+    _cache.reset()
 
 
 async def aclose() -> None:
@@ -174,6 +176,7 @@ async def aclose() -> None:
     The DataLoader's workers call this at exit. Call it yourself when you read from your own
     loop and want its connections closed before the loop ends.
     """
+    await _hedge.drain()  # cancelled hedges release their connections first
     for backend in set(_base._registry.values()):
         await backend.aclose()
 
@@ -215,6 +218,26 @@ async def read(url: str, *, start: int | None = None, end: int | None = None) ->
     options = options_for(url)
     if start is not None and end is not None and end <= start:
         return b""
+    cache = _cache.cache_for(url, options)
+    if cache is not None:
+        data = await cache.read(
+            url,
+            start,
+            end,
+            lambda first, last: _fetch(backend, url, first, last, options),
+            (lambda: stat(url)) if options.cache_revalidate else None,
+        )
+    else:
+        data = await _fetch(backend, url, start, end, options)
+    _stats.note_bytes(len(data))
+    return data
+
+
+async def _fetch(
+    backend: _base.Backend, url: str, start: int | None, end: int | None, options: StorageOptions
+) -> bytes:
+    if _hedge.applies(url, options):
+        return await _hedge.read(backend, url, start, end, options)
     # The first attempt is made here rather than inside retrying(): one coroutine and one
     # closure fewer per sample, on the path every sample takes.
     started = time.monotonic()
@@ -228,7 +251,6 @@ async def read(url: str, *, start: int | None = None, end: int | None = None) ->
             first=failure,
             started=started,
         )
-    _stats.note_bytes(len(data))
     return data
 
 
@@ -247,13 +269,30 @@ async def stream(url: str, *, chunk_size: int = 1 << 20) -> AsyncIterator[bytes]
     backend = _backend(url)
     options = options_for(url)
     policy = options.retry
+    cache = _cache.cache_for(url, options)
+    if cache is not None:
+        cached = await cache.stream(
+            url, chunk_size, (lambda: stat(url)) if options.cache_revalidate else None
+        )
+        if cached is not None:
+            async with aclosing(cached) as chunks:
+                async for chunk in chunks:
+                    _stats.note_bytes(len(chunk))
+                    yield chunk
+            return
+    hedged = _hedge.applies(url, options)
     offset = 0
     attempt = 1
     started = time.monotonic()
     while True:
         progress = offset
+        opened = (
+            _hedge.open_stream(backend, url, offset, chunk_size, options, policy.attempts - attempt)
+            if hedged
+            else backend.stream(url, offset, chunk_size, options)
+        )
         try:
-            async with aclosing(backend.stream(url, offset, chunk_size, options)) as chunks:
+            async with aclosing(opened) as chunks:
                 async for chunk in chunks:
                     offset += len(chunk)
                     _stats.note_bytes(len(chunk))
@@ -263,6 +302,7 @@ async def stream(url: str, *, chunk_size: int = 1 << 20) -> AsyncIterator[bytes]
             if offset > progress:  # progress was made: this is a fresh failure, not a repeat
                 attempt = 1
                 started = time.monotonic()
+            attempt += failure.requests - 1  # a hedge that failed too was an attempt
             wait = next_wait(failure, policy, attempt, started)
             if wait is None:
                 raise give_up(failure, url, attempt) from failure.__cause__
