@@ -100,9 +100,10 @@ def counts() -> HedgeCounts:
 class _Prefix:
     """Recent latencies and the hedge token bucket of one prefix."""
 
-    __slots__ = ("delay", "filled", "latencies", "next", "since", "tokens")
+    __slots__ = ("delay", "filled", "latencies", "next", "options", "since", "tokens")
 
-    def __init__(self) -> None:
+    def __init__(self, options: StorageOptions) -> None:
+        self.options = options  # the key holds its id(): keep it alive, and check it is the same
         self.latencies = [0.0] * _WINDOW
         self.next = 0
         self.filled = 0
@@ -142,10 +143,10 @@ def _prefix_of(url: str, options: StorageOptions) -> _Prefix:
     slash = url.find("/", url.find("://") + 3)
     key = (id(options), url if slash < 0 else url[:slash])
     tracker = _prefixes.get(key)
-    if tracker is None:
+    if tracker is None or tracker.options is not options:
         if len(_prefixes) >= _MAX_PREFIXES:
             _prefixes.clear()
-        tracker = _prefixes[key] = _Prefix()
+        tracker = _prefixes[key] = _Prefix(options)
     return tracker
 
 
