@@ -8,8 +8,8 @@ Objects are generated, not stored: ``GET /obj/{size}/{latency_ms}/{i}`` answers 
 that depend only on ``i`` after sleeping ``latency_ms`` milliseconds (or a latency drawn from a
 distribution, see ``_latency_ms``). Encoding size and latency in the path keeps the server
 stateless, so one server serves every scenario of a run and other benchmark scripts can reuse
-it. ``GET /count`` answers how many object requests were served (hedges show up there). ``Range`` and ``HEAD`` are honoured (storage benchmarks need
-them).
+it. ``GET /count`` answers how many object requests were served (hedges show up there).
+``Range`` and ``HEAD`` are honoured (storage benchmarks need them).
 
 Usage from a benchmark::
 

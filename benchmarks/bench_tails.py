@@ -29,11 +29,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import aiohttp  # noqa: E402
-from _server import ObjectServerProcess, object_bytes  # noqa: E402
+import aiohttp
+from _server import ObjectServerProcess, object_bytes
 
-import asyncload  # noqa: E402
-from asyncload import _storage  # noqa: E402
+import asyncload
+from asyncload import _storage
 
 SIZE = 100_000
 IN_FLIGHT = 256

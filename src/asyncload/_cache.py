@@ -26,7 +26,6 @@ import asyncio
 import errno
 import fcntl
 import hashlib
-import json
 import os
 import struct
 import time
@@ -45,7 +44,7 @@ __all__ = ["ENV_VAR", "Cache", "CacheCounts", "CacheWarning", "cache_for", "coun
 ENV_VAR = "ASYNCLOAD_CACHE_DIR"
 
 _MAGIC = b"ALC1"
-_HEAD = struct.Struct("<4sI")  # magic, JSON header length
+_HEAD = struct.Struct("<4sQH")  # magic, body size, ETag length (the ETag follows)
 # Entries up to this size are read on the event loop (one read from the page cache costs less
 # than a thread hop); larger ones in the default executor.
 _INLINE_READ = 8 << 20
@@ -171,15 +170,15 @@ class Cache:
         try:
             st = os.fstat(fd)
             head = os.pread(fd, 4096, 0)
-            magic, hlen = _HEAD.unpack_from(head)
-            meta = json.loads(head[_HEAD.size : _HEAD.size + hlen])
-            offset = _HEAD.size + hlen
-            if magic != _MAGIC or st.st_size != offset + meta["size"]:
+            magic, size, elen = _HEAD.unpack_from(head)
+            offset = _HEAD.size + elen
+            if magic != _MAGIC or st.st_size != offset + size:
                 raise ValueError("truncated or foreign entry")
             if time.time() - st.st_mtime > _TOUCH_EVERY:
                 os.utime(fd)  # LRU: this entry was used now
-            return fd, offset, int(meta["size"]), meta.get("etag")
-        except (OSError, ValueError, KeyError, struct.error):
+            etag = head[_HEAD.size : offset].decode() if elen else None
+            return fd, offset, size, etag
+        except (OSError, ValueError, struct.error):
             os.close(fd)
             try:  # never returned; make room for a good copy
                 os.unlink(path)
@@ -290,7 +289,12 @@ class Cache:
             etag = (await stat()).etag if stat is not None else None
             data = await fetch(None, None)
             if lock is not None and not self.off:
-                self._store(key, data, etag)
+                # A thread: a write can block for milliseconds on a busy disk (dirty-page
+                # throttling), which on the loop would stall every request in flight.
+                loop = asyncio.get_running_loop()
+                unusable = await loop.run_in_executor(None, self._store, key, data, etag)
+                if unusable is not None:
+                    self._disable(unusable)  # on the loop: one warning, never two
             return data
         finally:
             if lock is not None:
@@ -330,12 +334,13 @@ class Cache:
             pause = min(pause * 2, _POLL_MAX)
 
     # -- writing an entry -------------------------------------------------------------------
-    def _store(self, key: str, data: bytes, etag: str | None) -> None:
-        meta = json.dumps({"size": len(data), "etag": etag}).encode()
-        head = _HEAD.pack(_MAGIC, len(meta)) + meta
+    def _store(self, key: str, data: bytes, etag: str | None) -> OSError | None:
+        """Write one entry (in a thread); the error that makes the directory unusable, if any."""
+        tag = (etag or "").encode()[:2048]
+        head = _HEAD.pack(_MAGIC, len(data), len(tag)) + tag
         total = len(head) + len(data)
         if self.max_bytes is not None and total > self.max_bytes:
-            return  # larger than the whole cache: not worth evicting everything for
+            return None  # larger than the whole cache: not worth evicting everything for
         tmp = os.path.join(self.root, "tmp", f"{key}.{os.getpid()}.{id(data):x}.tmp")
         reserved = False
         try:
@@ -358,8 +363,9 @@ class Cache:
             if reserved:
                 self._reserve(-total)
             if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM):
-                self._disable(exc)
+                return exc
             # Anything else (a racing eviction removed a directory...): this entry is skipped.
+        return None
 
     def _reserve(self, n: int) -> bool:
         """Account *n* bytes (negative: give back) against the cap, evicting to make room."""
