@@ -59,8 +59,53 @@ async def test_a_second_read_is_a_hit_and_ranges_come_from_it(
     assert await asyncload.read(url, start=9990) == body(1)[9990:]
     chunks = [c async for c in asyncload.stream(url, chunk_size=3000)]
     assert b"".join(chunks) == body(1)
+    assert len(chunks) == 4
     assert http_server.hits["a.bin"] == 1
     assert _cache.counts() == _cache.CacheCounts(hits=4, misses=1)
+
+
+async def test_a_streamed_object_is_written_through_and_streamed_back(
+    http_server: ObjectServer, tmp_path: Path
+) -> None:
+    _storage.configure(http_server.url, cache_dir=str(tmp_path), cache_max_bytes=10**6)
+    data = body(6, 300_000)
+    url = http_server.put("st.bin", data)
+    first = [c async for c in asyncload.stream(url, chunk_size=65536)]
+    assert b"".join(first) == data
+    again = [c async for c in asyncload.stream(url, chunk_size=65536)]
+    assert b"".join(again) == data
+    assert await asyncload.read(url, start=5, end=99) == data[5:99]
+    assert http_server.hits["st.bin"] == 1
+    assert not list((tmp_path / "tmp").iterdir())
+
+
+async def test_a_stream_stopped_early_leaves_no_entry(
+    http_server: ObjectServer, tmp_path: Path
+) -> None:
+    _storage.configure(http_server.url, cache_dir=str(tmp_path))
+    data = body(8, 3_000_000)  # more than the bounded tail read after an early close
+    url = http_server.put("half.bin", data)
+    chunks = asyncload.stream(url, chunk_size=65536)
+    got = await chunks.__anext__()  # type: ignore[attr-defined]
+    await chunks.aclose()  # type: ignore[attr-defined]
+    assert got == data[: len(got)]
+    assert entries(tmp_path) == []
+    assert not list((tmp_path / "tmp").iterdir())
+    assert await asyncload.read(url) == data
+    assert http_server.hits["half.bin"] == 2
+
+
+async def test_tar_shards_read_through_the_cache(http_server: ObjectServer, tmp_path: Path) -> None:
+    from .datasets.test_tar import collect, serve_shards
+
+    _storage.configure(http_server.url, cache_dir=str(tmp_path))
+    urls = serve_shards(http_server, 3, 5)
+    ds = asyncload.TarShards(urls, shuffle_shards=False)
+    first = await collect(ds)
+    second = await collect(ds)
+    assert len(first) == 15
+    assert [s["__key__"] for s in second] == [s["__key__"] for s in first]
+    assert [http_server.hits[f"shards/{i:03d}.tar"] for i in range(3)] == [1, 1, 1]
 
 
 async def test_the_environment_variable_turns_the_cache_on(

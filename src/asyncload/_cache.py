@@ -16,7 +16,8 @@ few seconds), and eviction removes the oldest mtimes first until the directory f
 Concurrent misses of one object fetch it once: in a process through a shared future, across
 processes through the per-object lock file (the others poll until the entry appears). Only whole
 objects are cached; a range is served from a cached whole object, and a range that misses is
-read from the store as usual. Nothing here ever fails a read: a directory that cannot be
+read from the store as usual. A stream of an uncached object is written through to a temporary
+file and kept when it reaches the end. Nothing here ever fails a read: a directory that cannot be
 written (read-only, full, no permission) turns the cache off with one :class:`CacheWarning`.
 """
 
@@ -31,6 +32,7 @@ import struct
 import time
 import warnings
 from collections.abc import AsyncGenerator, Awaitable, Callable
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -53,6 +55,9 @@ _STALE_TMP = 3600.0  # a temporary file this old belongs to a process that died
 _LOW_WATER = 0.9  # eviction frees down to this fraction of the cap
 _POLL_MAX = 0.05  # longest sleep while another process fetches an object
 _WRITE_CHUNK = 4 << 20
+_DRAIN_MAX = 1 << 20  # bytes read after a stream was closed early, to finish its entry
+# Errors that say the directory cannot take entries at all (others skip one entry).
+_UNUSABLE = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM})
 
 
 class CacheWarning(AsyncloadWarning):
@@ -362,7 +367,7 @@ class Cache:
                 pass
             if reserved:
                 self._reserve(-total)
-            if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM):
+            if exc.errno in _UNUSABLE:
                 return exc
             # Anything else (a racing eviction removed a directory...): this entry is skipped.
         return None
@@ -421,29 +426,159 @@ class Cache:
                     total -= size
         return total
 
-    # -- streaming a cached entry -----------------------------------------------------------
-    async def stream(
-        self, url: str, chunk_size: int, stat: Callable[[], Awaitable[ObjectInfo]] | None
-    ) -> AsyncGenerator[bytes, None] | None:
-        """The chunks of a cached *url*, or ``None`` when it is not cached."""
-        global _hits
-        key = _key(url)
-        entry = self._open(key)
-        if entry is None:
-            return None
-        fd, offset, size, etag = entry
-        if stat is not None:
+    # -- streaming ---------------------------------------------------------------------------
+    async def stream_through(
+        self,
+        url: str,
+        chunk_size: int,
+        stat: Callable[[], Awaitable[ObjectInfo]] | None,
+        remote: AsyncGenerator[bytes, None],
+        count: Callable[[int], None],
+    ) -> AsyncGenerator[bytes, None]:
+        """The chunks of *url*: from the cache (each counted with *count*), or from *remote*
+        (not started yet), written to the cache on the way when they reach the end."""
+        global _hits, _misses
+        async with aclosing(remote):
+            key = _key(url)
+            entry = self._open(key)
+            if entry is not None and stat is not None:
+                entry = await self._still_valid(key, entry, stat)
+            if entry is not None:
+                _hits += 1
+                fd, offset, size, _ = entry
+                async with aclosing(_chunks(fd, offset, size, chunk_size)) as chunks:
+                    async for chunk in chunks:
+                        count(len(chunk))
+                        yield chunk
+                return
+            _misses += 1
+            etag = (await stat()).etag if stat is not None else None
+            sink = self._sink(key, etag)
             try:
-                info = await stat()
+                async for chunk in remote:
+                    if sink is not None:
+                        sink = await self._sink_write(sink, chunk)
+                    yield chunk
+            except GeneratorExit:
+                # Readers that stop at a format's end marker (a tar's zero blocks) leave a
+                # little padding unread: fetch a bounded tail so the entry can still be kept.
+                if sink is not None:
+                    sink = await self._drain(sink, remote)
+                if sink is None:
+                    raise
             except BaseException:
-                os.close(fd)
+                if sink is not None:
+                    sink.abandon()
                 raise
-            if info.size != size or (etag is not None and info.etag != etag):
-                os.close(fd)
-                _unlink(self._path(key))
+            if sink is not None:
+                loop = asyncio.get_running_loop()
+                unusable = await loop.run_in_executor(None, sink.commit)
+                if unusable is not None:
+                    self._disable(unusable)
+
+    async def _drain(self, sink: _Sink, remote: AsyncGenerator[bytes, None]) -> _Sink | None:
+        """Read up to ``_DRAIN_MAX`` more bytes into *sink*; it, when the object ended there."""
+        left = _DRAIN_MAX
+        try:
+            async for chunk in remote:
+                left -= len(chunk)
+                if left < 0:
+                    break
+                kept = await self._sink_write(sink, chunk)
+                if kept is None:
+                    return None
+            else:
+                return sink
+        except Exception:  # the tail is optional: any failure just drops the entry
+            pass
+        sink.abandon()
+        return None
+
+    async def _still_valid(
+        self,
+        key: str,
+        entry: tuple[int, int, int, str | None],
+        stat: Callable[[], Awaitable[ObjectInfo]],
+    ) -> tuple[int, int, int, str | None] | None:
+        fd, _, size, etag = entry
+        try:
+            info = await stat()
+        except BaseException:
+            os.close(fd)
+            raise
+        if info.size != size or (etag is not None and info.etag != etag):
+            os.close(fd)
+            _unlink(self._path(key))
+            return None
+        return entry
+
+    def _sink(self, key: str, etag: str | None) -> _Sink | None:
+        try:
+            self._setup()
+            return _Sink(self, key, etag)
+        except OSError as exc:
+            self._disable(exc)
+            return None
+
+    async def _sink_write(self, sink: _Sink, chunk: bytes) -> _Sink | None:
+        loop = asyncio.get_running_loop()
+        unusable = await loop.run_in_executor(None, sink.write, chunk)
+        if unusable is None:
+            return sink
+        sink.abandon()
+        if unusable.errno is not None:
+            self._disable(unusable)
+        return None
+
+
+class _Sink:
+    """An entry being written while its object streams: a temporary file until commit()."""
+
+    def __init__(self, cache: Cache, key: str, etag: str | None) -> None:
+        self.cache = cache
+        self.key = key
+        self.tag = (etag or "").encode()[:2048]
+        self.size = 0
+        self.tmp = os.path.join(cache.root, "tmp", f"{key}.{os.getpid()}.{id(self):x}.tmp")
+        self.fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        self.head = _HEAD.size + len(self.tag)
+        os.lseek(self.fd, self.head, os.SEEK_SET)  # the header is written last
+
+    def write(self, chunk: bytes) -> OSError | None:
+        try:
+            _write_chunk(self.fd, memoryview(chunk))
+        except OSError as exc:
+            return exc if exc.errno in _UNUSABLE else OSError(None, str(exc))
+        self.size += len(chunk)
+        return None
+
+    def commit(self) -> OSError | None:
+        total = self.head + self.size
+        cache = self.cache
+        reserved = False
+        try:
+            os.pwrite(self.fd, _HEAD.pack(_MAGIC, self.size, len(self.tag)) + self.tag, 0)
+            os.close(self.fd)
+            self.fd = -1
+            if cache.max_bytes is not None and total > cache.max_bytes:
+                _unlink(self.tmp)
                 return None
-        _hits += 1
-        return _chunks(fd, offset, size, chunk_size)
+            reserved = cache._reserve(total)
+            path = cache._path(self.key)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            os.replace(self.tmp, path)
+            return None
+        except OSError as exc:
+            self.abandon()
+            if reserved:
+                cache._reserve(-total)
+            return exc if exc.errno in _UNUSABLE else None
+
+    def abandon(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+        _unlink(self.tmp)
 
 
 async def _chunks(fd: int, offset: int, size: int, chunk_size: int) -> AsyncGenerator[bytes, None]:

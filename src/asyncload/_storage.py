@@ -16,7 +16,7 @@ import asyncio
 import dataclasses
 import threading
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from contextlib import aclosing
 from typing import Any
 
@@ -268,18 +268,22 @@ async def stream(url: str, *, chunk_size: int = 1 << 20) -> AsyncIterator[bytes]
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
     backend = _backend(url)
     options = options_for(url)
-    policy = options.retry
+    remote = _stream_remote(backend, url, chunk_size, options)
     cache = _cache.cache_for(url, options)
-    if cache is not None:
-        cached = await cache.stream(
-            url, chunk_size, (lambda: stat(url)) if options.cache_revalidate else None
-        )
-        if cached is not None:
-            async with aclosing(cached) as chunks:
-                async for chunk in chunks:
-                    _stats.note_bytes(len(chunk))
-                    yield chunk
-            return
+    if cache is None:
+        chunks = remote
+    else:  # hits from the disk; a miss is written through while it streams
+        revalidate = (lambda: stat(url)) if options.cache_revalidate else None
+        chunks = cache.stream_through(url, chunk_size, revalidate, remote, _stats.note_bytes)
+    async with aclosing(chunks) as it:
+        async for chunk in it:
+            yield chunk
+
+
+async def _stream_remote(
+    backend: _base.Backend, url: str, chunk_size: int, options: StorageOptions
+) -> AsyncGenerator[bytes, None]:
+    policy = options.retry
     hedged = _hedge.applies(url, options)
     offset = 0
     attempt = 1
