@@ -249,8 +249,9 @@ class Cache:
         if start is not None or end is not None:
             _misses += 1
             return await fetch(start, end)
+        loop = asyncio.get_running_loop()
         shared = self._inflight.get(key)
-        if shared is not None:
+        if shared is not None and shared.get_loop() is loop:
             try:
                 data = await asyncio.shield(shared)
             except asyncio.CancelledError:
@@ -259,9 +260,9 @@ class Cache:
                 return await self.read(url, start, end, fetch, stat)  # the fetching one was
             _hits += 1
             return data
-        fut: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[bytes] = loop.create_future()
         fut.add_done_callback(_retrieve)
-        self._inflight[key] = fut
+        self._inflight[key] = fut  # (another loop's fetch of it, if any, is simply not shared)
         try:
             data = await self._fill(key, fetch, stat)
         except Exception as exc:
@@ -274,7 +275,8 @@ class Cache:
             fut.set_result(data)
             return data
         finally:
-            del self._inflight[key]
+            if self._inflight.get(key) is fut:
+                del self._inflight[key]
 
     async def _fill(
         self,

@@ -185,9 +185,13 @@ def _cancel(fut: asyncio.Future[T]) -> None:
 
 
 async def drain() -> None:
-    """Wait until every cancelled loser has finished cleaning up (before closing clients)."""
-    while _losers:
-        await asyncio.wait(list(_losers))
+    """Wait until every cancelled loser of this loop has finished cleaning up (before closing
+    clients). Losers of a loop that closed meanwhile were finalized with it: forgotten."""
+    loop = asyncio.get_running_loop()
+    for fut in [f for f in _losers if f.get_loop().is_closed()]:
+        _losers.discard(fut)
+    while mine := [f for f in _losers if f.get_loop() is loop]:
+        await asyncio.wait(mine)
 
 
 async def _race(
