@@ -14,7 +14,7 @@ import sys
 import time
 
 import asyncload
-from asyncload import _cache
+from asyncload import _cache_dir
 
 
 async def read_all(urls: list[str]) -> int:
@@ -28,7 +28,7 @@ async def read_all(urls: list[str]) -> int:
 def main() -> None:
     mode, urls = sys.argv[1], sys.argv[2:]
     if mode == "stall-write":
-        real = _cache._write_chunk
+        real = _cache_dir._write_chunk
         calls = [0]
 
         def stalled(fd: int, data: memoryview) -> None:
@@ -39,7 +39,7 @@ def main() -> None:
                 time.sleep(60)  # bounded: the test kills this process long before
             real(fd, data)
 
-        _cache._write_chunk = stalled  # type: ignore[assignment]
+        _cache_dir._write_chunk = stalled  # type: ignore[assignment]
     total = asyncio.run(read_all(urls))
     print(f"ok {total}", flush=True)
 

@@ -1,11 +1,7 @@
 """A local disk cache of whole remote objects, shared by every process on the machine.
 
-Layout under ``cache_dir``::
-
-    objects/ab/abcdef…      one entry per URL (sha256 of the URL): a small header, then the body
-    tmp/                    entries being written; renamed into objects/ when complete
-    locks/abcdef….lock      held (flock) by the one process fetching that object
-    .lock, usage            the byte count of the directory, updated under .lock
+The files (layout, entry format, eviction) are :mod:`asyncload._cache_dir`'s; this module decides
+when to read and write them.
 
 An entry appears only through ``os.replace`` of a fully written temporary file, and its header
 records the body's size, so a process killed mid-write leaves at most a file in ``tmp/`` (swept
@@ -24,18 +20,16 @@ written (read-only, full, no permission) turns the cache off with one :class:`Ca
 from __future__ import annotations
 
 import asyncio
-import errno
 import fcntl
 import hashlib
 import os
-import struct
-import time
 import warnings
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ._cache_dir import CacheDir, Sink, chunks, unlink
 from ._context import AsyncloadWarning
 
 if TYPE_CHECKING:
@@ -45,19 +39,11 @@ __all__ = ["ENV_VAR", "Cache", "CacheCounts", "CacheWarning", "cache_for", "coun
 
 ENV_VAR = "ASYNCLOAD_CACHE_DIR"
 
-_MAGIC = b"ALC1"
-_HEAD = struct.Struct("<4sQH")  # magic, body size, ETag length (the ETag follows)
 # Entries up to this size are read on the event loop (one read from the page cache costs less
 # than a thread hop); larger ones in the default executor.
 _INLINE_READ = 8 << 20
-_TOUCH_EVERY = 10.0  # seconds: an entry's mtime is refreshed at most this often
-_STALE_TMP = 3600.0  # a temporary file this old belongs to a process that died
-_LOW_WATER = 0.9  # eviction frees down to this fraction of the cap
 _POLL_MAX = 0.05  # longest sleep while another process fetches an object
-_WRITE_CHUNK = 4 << 20
 _DRAIN_MAX = 1 << 20  # bytes read after a stream was closed early, to finish its entry
-# Errors that say the directory cannot take entries at all (others skip one entry).
-_UNUSABLE = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM})
 
 
 class CacheWarning(AsyncloadWarning):
@@ -112,36 +98,14 @@ def _key(url: str) -> str:
     return hashlib.sha256(url.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def _write_chunk(fd: int, data: memoryview) -> None:
-    while data:
-        data = data[os.write(fd, data) :]
-
-
-class _Locked:
-    """An exclusive flock on a file, as a context manager (blocking)."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self.fd = -1
-
-    def __enter__(self) -> _Locked:
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
-        fcntl.flock(self.fd, fcntl.LOCK_EX)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        os.close(self.fd)  # closing releases the lock
-
-
 class Cache:
     """One cache directory (see the module docstring); create through :func:`cache_for`."""
 
     def __init__(self, root: str, max_bytes: int | None) -> None:
-        self.root = os.path.abspath(os.path.expanduser(root))
-        self.max_bytes = max_bytes
+        self.dir = CacheDir(root, max_bytes)
+        self.root = self.dir.root
         self.off = False
         self._inflight: dict[str, asyncio.Future[bytes]] = {}
-        self._ready = False
 
     # -- failures ---------------------------------------------------------------------------
     def _disable(self, exc: OSError) -> None:
@@ -155,45 +119,7 @@ class Cache:
                 stacklevel=2,
             )
 
-    def _setup(self) -> None:
-        if not self._ready:
-            for sub in ("objects", "tmp", "locks"):
-                os.makedirs(os.path.join(self.root, sub), exist_ok=True)
-            self._ready = True
-
-    def _path(self, key: str) -> str:
-        return os.path.join(self.root, "objects", key[:2], key)
-
     # -- reading an entry -------------------------------------------------------------------
-    def _open(self, key: str) -> tuple[int, int, int, str | None] | None:
-        """(fd, body offset, body size, etag) of a complete entry, or ``None``."""
-        path = self._path(key)
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError:
-            return None
-        try:
-            st = os.fstat(fd)
-            head = os.pread(fd, 4096, 0)
-            magic, size, elen = _HEAD.unpack_from(head)
-            offset = _HEAD.size + elen
-            if magic != _MAGIC or st.st_size != offset + size:
-                raise ValueError("truncated or foreign entry")
-            if time.time() - st.st_mtime > _TOUCH_EVERY:
-                os.utime(fd)  # LRU: this entry was used now
-            etag = head[_HEAD.size : offset].decode() if elen else None
-            return fd, offset, size, etag
-        except (OSError, ValueError, struct.error):
-            os.close(fd)
-            try:  # never returned; make room for a good copy
-                os.unlink(path)
-            except OSError:
-                pass
-            return None
-        except BaseException:
-            os.close(fd)
-            raise
-
     async def _hit(
         self,
         key: str,
@@ -201,7 +127,7 @@ class Cache:
         end: int | None,
         stat: Callable[[], Awaitable[ObjectInfo]] | None,
     ) -> bytes | None:
-        entry = self._open(key)
+        entry = self.dir.open(key)
         if entry is None:
             return None
         fd, offset, size, etag = entry
@@ -209,7 +135,7 @@ class Cache:
             if stat is not None:
                 info = await stat()
                 if info.size != size or (etag is not None and info.etag != etag):
-                    os.unlink(self._path(key))
+                    os.unlink(self.dir.path(key))
                     return None
             first = min(start or 0, size)
             last = size if end is None else min(end, size)
@@ -299,7 +225,7 @@ class Cache:
                 # A thread: a write can block for milliseconds on a busy disk (dirty-page
                 # throttling), which on the loop would stall every request in flight.
                 loop = asyncio.get_running_loop()
-                unusable = await loop.run_in_executor(None, self._store, key, data, etag)
+                unusable = await loop.run_in_executor(None, self.dir.store, key, data, etag)
                 if unusable is not None:
                     self._disable(unusable)  # on the loop: one warning, never two
             return data
@@ -317,7 +243,7 @@ class Cache:
         ``None`` when the cache cannot be used (the caller fetches without storing).
         """
         try:
-            self._setup()
+            self.dir.setup()
         except OSError as exc:
             self._disable(exc)
             return None
@@ -340,94 +266,6 @@ class Cache:
             await asyncio.sleep(pause)
             pause = min(pause * 2, _POLL_MAX)
 
-    # -- writing an entry -------------------------------------------------------------------
-    def _store(self, key: str, data: bytes, etag: str | None) -> OSError | None:
-        """Write one entry (in a thread); the error that makes the directory unusable, if any."""
-        tag = (etag or "").encode()[:2048]
-        head = _HEAD.pack(_MAGIC, len(data), len(tag)) + tag
-        total = len(head) + len(data)
-        if self.max_bytes is not None and total > self.max_bytes:
-            return None  # larger than the whole cache: not worth evicting everything for
-        tmp = os.path.join(self.root, "tmp", f"{key}.{os.getpid()}.{id(data):x}.tmp")
-        reserved = False
-        try:
-            reserved = self._reserve(total)
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            try:
-                _write_chunk(fd, memoryview(head))
-                view = memoryview(data)
-                for i in range(0, len(view), _WRITE_CHUNK):
-                    _write_chunk(fd, view[i : i + _WRITE_CHUNK])
-            finally:
-                os.close(fd)
-            os.makedirs(os.path.dirname(self._path(key)), exist_ok=True)
-            os.replace(tmp, self._path(key))
-        except OSError as exc:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            if reserved:
-                self._reserve(-total)
-            if exc.errno in _UNUSABLE:
-                return exc
-            # Anything else (a racing eviction removed a directory...): this entry is skipped.
-        return None
-
-    def _reserve(self, n: int) -> bool:
-        """Account *n* bytes (negative: give back) against the cap, evicting to make room."""
-        if self.max_bytes is None:
-            return False
-        with _Locked(os.path.join(self.root, ".lock")):
-            usage_path = os.path.join(self.root, "usage")
-            try:
-                with open(usage_path) as f:
-                    usage = int(f.read() or "0")
-            except (OSError, ValueError):
-                usage = self._evict(None)
-            if n > 0 and usage + n > self.max_bytes:
-                usage = self._evict(int(self.max_bytes * _LOW_WATER) - n)
-            usage = max(0, usage + n)
-            with open(usage_path, "w") as f:
-                f.write(str(usage))
-        return True
-
-    def _evict(self, target: int | None) -> int:
-        """Bytes in the directory after removing the least recently used entries until it
-        holds at most *target* bytes (``None``: only count). Call with ``.lock`` held."""
-        entries: list[tuple[float, int, str]] = []
-        total = 0
-        now = time.time()
-        tmp = os.path.join(self.root, "tmp")
-        for d in os.scandir(tmp):
-            try:
-                st = d.stat()
-            except OSError:
-                continue
-            if now - st.st_mtime > _STALE_TMP:
-                _unlink(d.path)
-            else:
-                total += st.st_size
-        objects = os.path.join(self.root, "objects")
-        for sub in os.scandir(objects):
-            if not sub.is_dir():
-                continue
-            for d in os.scandir(sub.path):
-                try:
-                    st = d.stat()
-                except OSError:
-                    continue
-                entries.append((st.st_mtime, st.st_size, d.path))
-                total += st.st_size
-        if target is not None and total > target:
-            entries.sort()
-            for _, size, path in entries:
-                if total <= target:
-                    break
-                if _unlink(path):
-                    total -= size
-        return total
-
     # -- streaming ---------------------------------------------------------------------------
     async def stream_through(
         self,
@@ -442,14 +280,14 @@ class Cache:
         global _hits, _misses
         async with aclosing(remote):
             key = _key(url)
-            entry = self._open(key)
+            entry = self.dir.open(key)
             if entry is not None and stat is not None:
                 entry = await self._still_valid(key, entry, stat)
             if entry is not None:
                 _hits += 1
                 fd, offset, size, _ = entry
-                async with aclosing(_chunks(fd, offset, size, chunk_size)) as chunks:
-                    async for chunk in chunks:
+                async with aclosing(chunks(fd, offset, size, chunk_size)) as entry_chunks:
+                    async for chunk in entry_chunks:
                         count(len(chunk))
                         yield chunk
                 return
@@ -478,7 +316,7 @@ class Cache:
                 if unusable is not None:
                     self._disable(unusable)
 
-    async def _drain(self, sink: _Sink, remote: AsyncGenerator[bytes, None]) -> _Sink | None:
+    async def _drain(self, sink: Sink, remote: AsyncGenerator[bytes, None]) -> Sink | None:
         """Read up to ``_DRAIN_MAX`` more bytes into *sink*; it, when the object ended there."""
         left = _DRAIN_MAX
         try:
@@ -510,19 +348,19 @@ class Cache:
             raise
         if info.size != size or (etag is not None and info.etag != etag):
             os.close(fd)
-            _unlink(self._path(key))
+            unlink(self.dir.path(key))
             return None
         return entry
 
-    def _sink(self, key: str, etag: str | None) -> _Sink | None:
+    def _sink(self, key: str, etag: str | None) -> Sink | None:
         try:
-            self._setup()
-            return _Sink(self, key, etag)
+            self.dir.setup()
+            return Sink(self.dir, key, etag)
         except OSError as exc:
             self._disable(exc)
             return None
 
-    async def _sink_write(self, sink: _Sink, chunk: bytes) -> _Sink | None:
+    async def _sink_write(self, sink: Sink, chunk: bytes) -> Sink | None:
         loop = asyncio.get_running_loop()
         unusable = await loop.run_in_executor(None, sink.write, chunk)
         if unusable is None:
@@ -531,77 +369,6 @@ class Cache:
         if unusable.errno is not None:
             self._disable(unusable)
         return None
-
-
-class _Sink:
-    """An entry being written while its object streams: a temporary file until commit()."""
-
-    def __init__(self, cache: Cache, key: str, etag: str | None) -> None:
-        self.cache = cache
-        self.key = key
-        self.tag = (etag or "").encode()[:2048]
-        self.size = 0
-        self.tmp = os.path.join(cache.root, "tmp", f"{key}.{os.getpid()}.{id(self):x}.tmp")
-        self.fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        self.head = _HEAD.size + len(self.tag)
-        os.lseek(self.fd, self.head, os.SEEK_SET)  # the header is written last
-
-    def write(self, chunk: bytes) -> OSError | None:
-        try:
-            _write_chunk(self.fd, memoryview(chunk))
-        except OSError as exc:
-            return exc if exc.errno in _UNUSABLE else OSError(None, str(exc))
-        self.size += len(chunk)
-        return None
-
-    def commit(self) -> OSError | None:
-        total = self.head + self.size
-        cache = self.cache
-        reserved = False
-        try:
-            os.pwrite(self.fd, _HEAD.pack(_MAGIC, self.size, len(self.tag)) + self.tag, 0)
-            os.close(self.fd)
-            self.fd = -1
-            if cache.max_bytes is not None and total > cache.max_bytes:
-                _unlink(self.tmp)
-                return None
-            reserved = cache._reserve(total)
-            path = cache._path(self.key)
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            os.replace(self.tmp, path)
-            return None
-        except OSError as exc:
-            self.abandon()
-            if reserved:
-                cache._reserve(-total)
-            return exc if exc.errno in _UNUSABLE else None
-
-    def abandon(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
-        _unlink(self.tmp)
-
-
-async def _chunks(fd: int, offset: int, size: int, chunk_size: int) -> AsyncGenerator[bytes, None]:
-    try:
-        pos = 0
-        while pos < size:
-            chunk = os.pread(fd, min(chunk_size, size - pos), offset + pos)
-            if not chunk:
-                break
-            pos += len(chunk)
-            yield chunk
-    finally:
-        os.close(fd)
-
-
-def _unlink(path: str) -> bool:
-    try:
-        os.unlink(path)
-        return True
-    except OSError:
-        return False
 
 
 def _retrieve(fut: asyncio.Future[bytes]) -> None:
