@@ -41,6 +41,8 @@ bench: $(STAMP) $(AZURITE)
 	$(BIN)/python benchmarks/bench_loader.py
 	$(BIN)/python benchmarks/bench_storage.py
 	$(BIN)/python benchmarks/bench_shards.py
+	$(BIN)/python benchmarks/bench_tails.py
+	$(BIN)/python benchmarks/bench_cache.py
 
 clean:
 	rm -rf $(VENV) .site .mypy_cache .ruff_cache .pytest_cache .azurite

@@ -5,10 +5,11 @@ not mixed into the client's: a benchmark measures the loader, and on a 2-core ma
 server competing for the client's interpreter would skew every ratio.
 
 Objects are generated, not stored: ``GET /obj/{size}/{latency_ms}/{i}`` answers ``size`` bytes
-that depend only on ``i`` after sleeping ``latency_ms`` milliseconds. Encoding size and latency
-in the path keeps the server stateless, so one server serves every scenario of a run and other
-benchmark scripts can reuse it. ``Range`` and ``HEAD`` are honoured (storage benchmarks need
-them).
+that depend only on ``i`` after sleeping ``latency_ms`` milliseconds (or a latency drawn from a
+distribution, see ``_latency_ms``). Encoding size and latency in the path keeps the server
+stateless, so one server serves every scenario of a run and other benchmark scripts can reuse
+it. ``GET /count`` answers how many object requests were served (hedges show up there).
+``Range`` and ``HEAD`` are honoured (storage benchmarks need them).
 
 Usage from a benchmark::
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import math
 import os
 import random
 import subprocess
@@ -124,10 +126,15 @@ class _ObjectProtocol(asyncio.Protocol):
         self._replies.append(None)
         index = len(self._replies) - 1 + self._sent
         parts = target.split("/")
+        global _requests
+        if target == "/count":  # how many object requests were served (hedges included)
+            self._ready(index, _reply(200, [], str(_requests).encode()))
+            return
+        _requests += 1
         try:
             if method not in ("GET", "HEAD") or len(parts) != 5 or parts[1] != "obj":
                 raise ValueError
-            size, latency_ms, i = int(parts[2]), float(parts[3]), int(parts[4])
+            size, latency_ms, i = int(parts[2]), _latency_ms(parts[3]), int(parts[4])
         except ValueError:
             self._ready(index, _reply(400, [], b"expected GET /obj/{size}/{latency_ms}/{index}"))
             return
@@ -164,6 +171,29 @@ class _ObjectProtocol(asyncio.Protocol):
                 transport.writelines(out)
         if transport is not None and self._close_after and not self._replies:
             transport.close()
+
+
+_requests = 0
+_rng = random.Random(20261123)
+
+
+def _latency_ms(spec: str) -> float:
+    """Milliseconds for one request, drawn from the latency spec in the path.
+
+    ``50``: always 50 ms. ``50x10p1``: 50 ms, but 1% of requests take 10x as long.
+    ``ln40-400``: log-normal with median 40 ms and 99th percentile 400 ms. Drawn per request,
+    so a repeated (hedged) request of the same object gets its own latency, as on S3.
+    """
+    if "x" in spec:
+        base, _, rest = spec.partition("x")
+        factor, _, percent = rest.partition("p")
+        slow = _rng.random() * 100 < float(percent)
+        return float(base) * (float(factor) if slow else 1.0)
+    if spec.startswith("ln"):
+        median, _, p99 = spec[2:].partition("-")
+        sigma = math.log(float(p99) / float(median)) / 2.3263
+        return float(median) * math.exp(_rng.gauss(0.0, sigma))
+    return float(spec)
 
 
 _REASONS = {200: "OK", 206: "Partial Content", 400: "Bad Request", 416: "Range Not Satisfiable"}
@@ -232,6 +262,18 @@ class ObjectServerProcess:
 
     def url_for(self, index: int, size: int, latency: float) -> str:
         return f"{self.prefix(size, latency)}/{index}"
+
+    def prefix_spec(self, size: int, spec: str) -> str:
+        """Like :meth:`prefix` with a latency distribution (see ``_latency_ms``): ``"50"``,
+        ``"50x10p1"`` (1% of requests 10x slower), ``"ln40-400"`` (log-normal p50/p99)."""
+        return f"{self.base_url}/obj/{size}/{spec}"
+
+    def requests(self) -> int:
+        """Object requests served so far (a blocking GET /count)."""
+        import urllib.request
+
+        with urllib.request.urlopen(f"{self.base_url}/count", timeout=10) as resp:
+            return int(resp.read())
 
     def start(self) -> ObjectServerProcess:
         self._proc = subprocess.Popen(

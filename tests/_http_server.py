@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import gc
 import random
 import ssl
 import threading
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -47,6 +49,11 @@ class ObjectServer:
     replacements: dict[str, bytes] = field(default_factory=dict)
     conditionals: bool = True  # honour If-Match (412) and If-Range (200 when it differs)
 
+    # Per-path delays (seconds) taken one per request, after the global latency: a path with
+    # delays queued gets its next request held that long (a straggler); empty: no extra delay.
+    delays: dict[str, collections.deque[float]] = field(default_factory=dict)
+    cancelled: int = 0  # requests whose client went away before the response was sent
+
     @property
     def url(self) -> str:
         return f"{self.scheme}://{self.host}:{self.port}"
@@ -61,7 +68,13 @@ class ObjectServer:
     def fail(self, path: str, *faults: str) -> None:
         self.faults.setdefault(path.lstrip("/"), collections.deque()).extend(faults)
 
+    def delay(self, path: str, *seconds: float) -> None:
+        """Hold the next requests to *path* for these many seconds, one value per request."""
+        self.delays.setdefault(path.lstrip("/"), collections.deque()).extend(seconds)
+
     def reset(self) -> None:
+        self.delays.clear()
+        self.cancelled = 0
         self.objects.clear()
         self.faults.clear()
         self.hits.clear()
@@ -107,6 +120,9 @@ def _make_app(state: ObjectServer) -> web.Application:
         state.headers_seen.append(dict(request.headers))
         if state.latency or state.jitter:
             await asyncio.sleep(state.latency + random.uniform(0, state.jitter))
+        held = state.delays.get(path)
+        if held:
+            await asyncio.sleep(held.popleft())
         queue = state.faults.get(path)
         fault = queue.popleft() if queue else None
         if fault is not None:
@@ -170,6 +186,9 @@ def _make_app(state: ObjectServer) -> web.Application:
         state.peak_active = max(state.peak_active, state.active)
         try:
             return await handle(request)
+        except asyncio.CancelledError:
+            state.cancelled += 1  # handler_cancellation: the client closed the connection
+            raise
         finally:
             state.active -= 1
 
@@ -226,6 +245,12 @@ def stop(running: _Running) -> None:
     running.loop.call_soon_threadsafe(running.stop.set)
     running.thread.join(10)
     running.loop.close()
+    if running.state.scheme == "https":
+        # A TLS handshake the client refused (the private-CA tests) leaves its server-side
+        # transport to the collector; collect it here rather than in whichever test runs next.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ResourceWarning)
+            gc.collect()
 
 
 def http_server_context() -> Iterator[ObjectServer]:

@@ -1,4 +1,5 @@
-"""Smoke test: ``benchmarks/bench_loader.py --quick`` runs and prints its whole table.
+"""Smoke tests: ``benchmarks/bench_loader.py``, ``bench_tails.py`` and ``bench_cache.py`` with
+``--quick`` run and print their whole tables.
 
 Only that it runs: speed depends on whatever else the machine is doing, so no numbers are
 checked here.
@@ -58,3 +59,50 @@ def test_bench_loader_quick_prints_every_row(tmp_path: Path) -> None:
         assert set(sc["rows"]) == {"asyncload", "threaded", "blocking", "raw"}
         assert all(row["samples_per_s"] > 0 for row in sc["rows"].values())
     assert len(results["memory_growth"]) == 3
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_bench_tails_quick_prints_its_tables() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_tails.py"), "--quick"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=100,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    text = proc.stdout
+    for row in (
+        "asyncload.read loop, hedged",
+        "asyncload.read loop, no hedge",
+        "raw aiohttp loop",
+        "DataLoader, hedged",
+        "DataLoader, no hedge",
+    ):
+        assert text.count(row) == 2, f"row {row!r} missing from a distribution:\n{text}"
+    assert "Ratios (this run)" in text
+    assert "Hedges within the 5% budget in every row: yes" in text
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_bench_cache_quick_prints_its_tables() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_cache.py"), "--quick"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=100,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    text = proc.stdout
+    for row in (
+        "no cache",
+        "cache, epoch 1",
+        "cache, epoch 2",
+        "local files",
+        "DataLoader, epoch 2",
+    ):
+        assert row in text, f"row {row!r} missing:\n{text}"
+    assert "read loop: epoch 2 / epoch 1" in text

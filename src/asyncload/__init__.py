@@ -17,6 +17,7 @@ Example:
 
 from __future__ import annotations
 
+from ._cache import CacheWarning
 from ._context import AsyncloadWarning
 from ._dataset import Dataset, IterableDataset
 from ._exceptions import (
@@ -37,6 +38,7 @@ from ._exceptions import (
     Timeout,
     WorkerError,
 )
+from ._hedge import Hedge
 from ._loader import DataLoader
 from ._redact import redact_url
 from ._retry import Retry
@@ -62,9 +64,11 @@ __all__ = [
     "ArchiveError",
     "AsyncloadWarning",
     "BatchTimeout",
+    "CacheWarning",
     "ConnectError",
     "DataLoader",
     "Dataset",
+    "Hedge",
     "IncompleteRead",
     "InvalidURL",
     "IterableDataset",

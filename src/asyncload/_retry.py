@@ -97,6 +97,8 @@ class AttemptFailed(Exception):
         retryable: Whether another attempt can help (given a retry policy's statuses).
         reason: The short key retries are counted under (``"503"``, ``"timeout"``, ...).
         retry_after: Seconds the server asked us to wait, if it did.
+        requests: Requests this failure stands for: 2 when a hedged twin failed as well
+            (:mod:`asyncload._hedge`); each one counts as an attempt.
     """
 
     def __init__(
@@ -116,6 +118,7 @@ class AttemptFailed(Exception):
         self.retryable = retryable
         self.reason = reason
         self.retry_after = retry_after
+        self.requests = 1
 
     def public(self, url: str, attempts: int) -> StorageError:
         """The public exception to raise for this failure after *attempts* attempts."""

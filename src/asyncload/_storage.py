@@ -16,11 +16,11 @@ import asyncio
 import dataclasses
 import threading
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from contextlib import aclosing
 from typing import Any
 
-from . import _stats
+from . import _cache, _hedge, _stats
 from ._exceptions import InvalidURL, LoadError
 from ._retry import AttemptFailed, Retry, backoff, give_up, next_wait, retrying
 from .sources import _base
@@ -191,6 +191,8 @@ def pool_size() -> int:
 def reset() -> None:
     """Forget every configured prefix and cached store (tests)."""
     _install([])
+    _hedge.reset()
+    _cache.reset()
 
 
 async def aclose() -> None:
@@ -199,6 +201,7 @@ async def aclose() -> None:
     The DataLoader's workers call this at exit. Call it yourself when you read from your own
     loop and want its connections closed before the loop ends.
     """
+    await _hedge.drain()  # cancelled hedges release their connections first
     for backend in set(_base._registry.values()):
         await backend.aclose()
 
@@ -240,6 +243,26 @@ async def read(url: str, *, start: int | None = None, end: int | None = None) ->
     options = options_for(url)
     if start is not None and end is not None and end <= start:
         return b""
+    cache = _cache.cache_for(url, options)
+    if cache is not None:
+        data = await cache.read(
+            url,
+            start,
+            end,
+            lambda first, last: _fetch(backend, url, first, last, options),
+            (lambda: stat(url)) if options.cache_revalidate else None,
+        )
+    else:
+        data = await _fetch(backend, url, start, end, options)
+    _stats.note_bytes(len(data))
+    return data
+
+
+async def _fetch(
+    backend: _base.Backend, url: str, start: int | None, end: int | None, options: StorageOptions
+) -> bytes:
+    if _hedge.applies(url, options):
+        return await _hedge.read(backend, url, start, end, options)
     # The first attempt is made here rather than inside retrying(): one coroutine and one
     # closure fewer per sample, on the path every sample takes.
     started = time.monotonic()
@@ -253,7 +276,6 @@ async def read(url: str, *, start: int | None = None, end: int | None = None) ->
             first=failure,
             started=started,
         )
-    _stats.note_bytes(len(data))
     return data
 
 
@@ -274,7 +296,23 @@ async def stream(url: str, *, chunk_size: int = 1 << 20) -> AsyncIterator[bytes]
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
     backend = _backend(url)
     options = options_for(url)
+    remote = _stream_remote(backend, url, chunk_size, options)
+    cache = _cache.cache_for(url, options)
+    if cache is None:
+        chunks = remote
+    else:  # hits from the disk; a miss is written through while it streams
+        revalidate = (lambda: stat(url)) if options.cache_revalidate else None
+        chunks = cache.stream_through(url, chunk_size, revalidate, remote, _stats.note_bytes)
+    async with aclosing(chunks) as it:
+        async for chunk in it:
+            yield chunk
+
+
+async def _stream_remote(
+    backend: _base.Backend, url: str, chunk_size: int, options: StorageOptions
+) -> AsyncGenerator[bytes, None]:
     policy = options.retry
+    hedged = _hedge.applies(url, options)
     offset = 0
     attempt = 1
     started = time.monotonic()
@@ -283,9 +321,15 @@ async def stream(url: str, *, chunk_size: int = 1 << 20) -> AsyncIterator[bytes]
         progress = offset
         if offset == 0:
             resume.etag = resume.size = None  # nothing delivered yet: any version will do
+        opened = (
+            _hedge.open_stream(
+                backend, url, offset, chunk_size, options, policy.attempts - attempt, resume
+            )
+            if hedged
+            else backend.stream_version(url, offset, chunk_size, options, resume)
+        )
         try:
-            chunks = backend.stream_version(url, offset, chunk_size, options, resume)
-            async with aclosing(chunks):
+            async with aclosing(opened) as chunks:
                 async for chunk in chunks:
                     offset += len(chunk)
                     _stats.note_bytes(len(chunk))
@@ -295,6 +339,7 @@ async def stream(url: str, *, chunk_size: int = 1 << 20) -> AsyncIterator[bytes]
             if offset > progress:  # progress was made: this is a fresh failure, not a repeat
                 attempt = 1
                 started = time.monotonic()
+            attempt += failure.requests - 1  # a hedge that failed too was an attempt
             wait = next_wait(failure, policy, attempt, started)
             if wait is None:
                 raise give_up(failure, url, attempt) from failure.__cause__

@@ -15,9 +15,16 @@ import pytest
 
 import asyncload
 from asyncload import _stats, _storage
-from asyncload._exceptions import InvalidURL, NotFound, PermissionDenied, ServerError
+from asyncload._exceptions import (
+    InvalidURL,
+    NotFound,
+    ObjectChanged,
+    PermissionDenied,
+    ServerError,
+)
 from asyncload._retry import AttemptFailed
 from asyncload.sources import _s3
+from asyncload.sources._base import Resume
 
 from ..datasets.test_tar import make_tar, shard_members
 
@@ -76,6 +83,33 @@ async def test_stream_resumes_a_cut_body_from_the_last_byte(cloud: Any) -> None:
     resumed = cloud.proxy.requests[-1][3]
     first = int(resumed["Range"].removeprefix("bytes=").split("-")[0])
     assert 0 < first < len(BIG)  # the second GET asked for the rest only
+    assert resumed.get("If-Match"), "a resumed stream must ask for the version it started with"
+
+
+@pytest.mark.asyncio
+async def test_stream_version_refuses_a_replaced_object(cloud: Any) -> None:
+    """What asyncload.stream calls: the first GET records the version, a resume asks for it."""
+    bucket = cloud.bucket("asyncload-replaced", {"v.bin": BIG})
+    _configure(cloud, bucket, proxy=True)
+    url = f"{bucket}/v.bin"
+    options = _storage.options_for(url)
+    resume = Resume()
+    got = bytearray()
+
+    async def drain(start: int) -> None:
+        async for chunk in _s3._backend.stream_version(url, start, 1 << 16, options, resume):
+            got.extend(chunk)
+
+    cloud.proxy.fail(cloud.path(url), "cut")
+    with pytest.raises(AttemptFailed):
+        await drain(0)
+    assert resume.etag
+    assert 0 < len(got) < len(BIG)
+    cloud.bucket(bucket.partition("://")[2], {"v.bin": BIG[::-1]})  # same size, new bytes
+    with pytest.raises(AttemptFailed) as info:
+        await drain(len(got))
+    assert info.value.kind is ObjectChanged
+    assert not info.value.retryable
 
 
 @pytest.mark.asyncio

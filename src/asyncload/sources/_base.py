@@ -23,6 +23,7 @@ from typing import Any
 from urllib.parse import quote, urlsplit
 
 from .._exceptions import InvalidURL
+from .._hedge import Hedge
 from .._retry import AttemptFailed, Retry
 
 __all__ = [
@@ -101,6 +102,16 @@ class StorageOptions:
     """Allow plain-HTTP object-store endpoints; ``None`` allows them when the endpoint is http."""
     extra: Mapping[str, Any] = field(default_factory=dict)
     """Backend-specific settings passed through unchanged (obstore config keys for S3/GCS/Azure)."""
+    hedge: Hedge | None = field(default_factory=Hedge)
+    """Hedged reads: a second GET for a request that straggles (:class:`~asyncload.Hedge`);
+    ``None`` switches them off. Never used for local files."""
+    cache_dir: str | None = None
+    """Directory of the local cache of whole objects, shared by every process on the machine
+    (``None``: the ``ASYNCLOAD_CACHE_DIR`` environment variable, or no cache)."""
+    cache_max_bytes: int | None = None
+    """Size cap of ``cache_dir``; least recently used objects are evicted (``None``: no cap)."""
+    cache_revalidate: bool = False
+    """Check a cached object's ETag and size against the store (a HEAD) before using it."""
 
     def __post_init__(self) -> None:
         if self.connect_timeout <= 0 or self.read_timeout <= 0:
@@ -109,6 +120,14 @@ class StorageOptions:
             raise ValueError("total_timeout must be positive or None")
         if not isinstance(self.retry, Retry):
             raise TypeError(f"retry must be an asyncload.Retry, not {type(self.retry).__name__}")
+        if self.hedge is not None and not isinstance(self.hedge, Hedge):
+            raise TypeError(
+                f"hedge must be an asyncload.Hedge or None, not {type(self.hedge).__name__}"
+            )
+        if self.cache_max_bytes is not None and self.cache_max_bytes < 1:
+            raise ValueError(
+                f"cache_max_bytes must be positive or None, got {self.cache_max_bytes}"
+            )
         # Plain dicts: picklable and copied, so a caller mutating theirs changes nothing here.
         object.__setattr__(self, "headers", dict(self.headers))
         object.__setattr__(self, "extra", dict(self.extra))

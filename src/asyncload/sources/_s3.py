@@ -25,13 +25,22 @@ from .._exceptions import (
     IncompleteRead,
     InvalidURL,
     NotFound,
+    ObjectChanged,
     PermissionDenied,
     RequestTimeout,
     ServerError,
     StorageError,
 )
 from .._retry import AttemptFailed
-from ._base import DEFAULT_OPTIONS, Backend, ObjectInfo, StorageOptions, pool_size, register
+from ._base import (
+    DEFAULT_OPTIONS,
+    Backend,
+    ObjectInfo,
+    Resume,
+    StorageOptions,
+    pool_size,
+    register,
+)
 from ._cloud_config import check_options, store_config, unmatched_refusal
 
 __all__ = ["ObjectStoreBackend", "map_error", "split_bucket"]
@@ -114,7 +123,7 @@ def map_error(exc: BaseException, scheme: str = "s3") -> AttemptFailed:
     match = _STATUS.search(text)
     status = int(match.group(1)) if match else None
     if isinstance(exc, PreconditionError) or status == 412:
-        return AttemptFailed(StorageError, _CHANGED, status=412)
+        return AttemptFailed(ObjectChanged, _CHANGED, status=412)
     if isinstance(exc, FileNotFoundError) or status == 404:
         return AttemptFailed(NotFound, "no such object", status=status or 404)
     if isinstance(exc, (PermissionDeniedError, UnauthenticatedError)) or status in (401, 403):
@@ -259,6 +268,31 @@ class ObjectStoreBackend(Backend):
         except Exception as exc:
             raise _map_conditional(exc, scheme, if_match) from exc
 
+    async def stream_version(
+        self, url: str, start: int, chunk_size: int, options: StorageOptions, resume: Resume
+    ) -> AsyncGenerator[bytes, None]:
+        """:meth:`stream` of one version: the first response's ETag is kept in *resume* and a
+        resumed GET (``start > 0``) is conditional on it (``If-Match``)."""
+        import obstore
+
+        scheme, bucket, key = split_bucket(url)
+        store = self._store(scheme, bucket, options)
+        if_match = resume.etag if start else None
+        try:
+            result = await obstore.get_async(
+                store, key, options=_get_options(start or None, None, if_match)
+            )
+            _check_version(result, if_match)
+            if resume.etag is None:
+                resume.etag = result.meta.get("e_tag")
+                resume.size = result.meta.get("size")
+            async for chunk in result.stream(min_chunk_size=chunk_size):
+                yield bytes(chunk)
+        except AttemptFailed:
+            raise
+        except Exception as exc:
+            raise _map_conditional(exc, scheme, if_match) from exc
+
     async def stat(self, url: str, options: StorageOptions) -> ObjectInfo:
         import obstore
 
@@ -308,7 +342,7 @@ def _map_conditional(exc: BaseException, scheme: str, if_match: str | None) -> A
     failure = map_error(exc, scheme)
     if if_match is not None and failure.status == 416:
         # The range was valid for the version we started on: the object has since shrunk.
-        return AttemptFailed(StorageError, _CHANGED, status=412)
+        return AttemptFailed(ObjectChanged, _CHANGED, status=412)
     return failure
 
 
@@ -322,7 +356,7 @@ def _check_version(result: Any, if_match: str | None) -> None:
         return
     etag = result.meta.get("e_tag")
     if etag is not None and _bare(etag) != _bare(if_match):
-        raise AttemptFailed(StorageError, _CHANGED, status=412)
+        raise AttemptFailed(ObjectChanged, _CHANGED, status=412)
 
 
 _backend = ObjectStoreBackend()

@@ -1,0 +1,202 @@
+"""Throughput under long-tailed latency: asyncload with and without hedged reads vs a raw loop.
+
+One run, one table. The loopback object server (``_server.py``, its own process) draws each
+request's latency from a distribution: constant 50 ms, 1% of requests x10 or x40, and a
+log-normal with p50 40 ms / p99 400 ms. Per distribution:
+
+* ``asyncload.read`` in a raw asyncio loop, 256 in flight, hedging on (the default) and off;
+* a raw aiohttp loop, 256 in flight, the same distribution (the ceiling);
+* ``asyncload.DataLoader`` (2 workers, batch 32, ``max_concurrency=128``), hedging on and off:
+  steady samples/s (first batch to last) and whole run (``iter()`` included).
+
+Hedges are counted by the server (requests minus samples), so the loader's workers need no
+instrumentation. Ratios in the table come from this one run.
+
+    .venv/bin/python benchmarks/bench_tails.py            # about 2-3 minutes
+    .venv/bin/python benchmarks/bench_tails.py --quick    # smoke run, two distributions
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from collections.abc import Callable, Coroutine, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import aiohttp
+from _server import ObjectServerProcess, object_bytes
+
+import asyncload
+from asyncload import _storage
+
+SIZE = 100_000
+IN_FLIGHT = 256
+DISTRIBUTIONS = [
+    ("constant 50 ms", "50"),
+    ("1% x10 (500 ms)", "50x10p1"),
+    ("1% x40 (2 s)", "50x40p1"),
+    ("log-normal p50 40 / p99 400 ms", "ln40-400"),
+]
+
+
+@dataclass
+class Row:
+    label: str
+    rate: float  # samples/s
+    whole: float | None = None  # samples/s including start-up (loader rows)
+    hedges: int | None = None
+
+
+def _run(coro: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop missing
+        return asyncio.run(coro())
+    return uvloop.run(coro())
+
+
+async def _read_loop(prefix: str, n: int, warm: int) -> float:
+    async def fetcher(indices: Iterator[int]) -> None:
+        for i in indices:
+            data = await asyncload.read(f"{prefix}/{i}")
+            if len(data) != SIZE:
+                raise AssertionError(f"object {i}: {len(data)} bytes")
+
+    try:
+        # Warm-up on other objects in the same loop: connections opened, latencies learned.
+        warm_up = iter(range(10**6, 10**6 + warm))
+        await asyncio.gather(*(fetcher(warm_up) for _ in range(IN_FLIGHT)))
+        indices = iter(range(n))
+        t0 = time.perf_counter()
+        await asyncio.gather(*(fetcher(indices) for _ in range(IN_FLIGHT)))
+        return n / (time.perf_counter() - t0)
+    finally:
+        await asyncload.aclose()
+
+
+async def _raw_loop(prefix: str, n: int, warm: int) -> float:
+    connector = aiohttp.TCPConnector(limit=IN_FLIGHT)
+    async with aiohttp.ClientSession(connector=connector) as session:
+
+        async def fetcher(indices: Iterator[int]) -> None:
+            for i in indices:
+                async with session.get(f"{prefix}/{i}") as resp:
+                    resp.raise_for_status()
+                    await resp.read()
+
+        warm_up = iter(range(10**6, 10**6 + warm))
+        await asyncio.gather(*(fetcher(warm_up) for _ in range(IN_FLIGHT)))
+        indices = iter(range(n))
+        t0 = time.perf_counter()
+        await asyncio.gather(*(fetcher(indices) for _ in range(IN_FLIGHT)))
+        return n / (time.perf_counter() - t0)
+
+
+def _loader(prefix: str, n: int, check: bool) -> tuple[float, float]:
+    """(steady, whole-run) samples/s of one epoch of a fresh DataLoader."""
+    urls = [f"{prefix}/{i}" for i in range(n)]
+    t0 = time.perf_counter()
+    loader = asyncload.DataLoader(
+        asyncload.RemoteFiles(urls),
+        batch_size=32,
+        num_workers=2,
+        max_concurrency=128,
+        collate_fn=list,
+    )
+    first = 0.0
+    seen = 0
+    for k, batch in enumerate(loader):
+        if k == 0:
+            first = time.perf_counter()
+        if check and k == 0:
+            assert batch[0] == object_bytes(0, SIZE), "wrong bytes delivered"
+        seen += len(batch)
+    end = time.perf_counter()
+    assert seen == n, f"{seen} samples of {n}"
+    del loader
+    return (n - 32) / (end - first), n / (end - t0)
+
+
+def measure(server: ObjectServerProcess, spec: str, n: int, loader: bool) -> dict[str, Row]:
+    prefix = server.prefix_spec(SIZE, spec)
+    rows: dict[str, Row] = {}
+    for hedged in (True, False):
+        _storage.configure(server.base_url, hedge=asyncload.Hedge() if hedged else None)
+        before = server.requests()
+        rate = _run(lambda: _read_loop(prefix, n, IN_FLIGHT))
+        name = "read, hedged" if hedged else "read, no hedge"
+        rows[name] = Row(f"asyncload.read loop, {name.split(', ')[1]}", rate)
+        rows[name].hedges = server.requests() - before - n - IN_FLIGHT
+    rows["raw"] = Row("raw aiohttp loop", _run(lambda: _raw_loop(prefix, n, IN_FLIGHT)))
+    if loader:
+        for hedged in (True, False):
+            _storage.configure(server.base_url, hedge=asyncload.Hedge() if hedged else None)
+            before = server.requests()
+            steady, whole = _loader(prefix, n, check=hedged)
+            name = "loader, hedged" if hedged else "loader, no hedge"
+            rows[name] = Row(f"DataLoader, {name.split(', ')[1]}", steady, whole)
+            rows[name].hedges = server.requests() - before - n
+    _storage.reset()
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small smoke run")
+    parser.add_argument("--samples", type=int, default=None)
+    parser.add_argument("--no-loader", action="store_true", help="skip the DataLoader rows")
+    args = parser.parse_args(argv)
+    n = args.samples or (256 if args.quick else 4096)
+    # The smoke run keeps two distributions: the 2 s stragglers alone would take most of it.
+    distributions = DISTRIBUTIONS[:2] if args.quick else DISTRIBUTIONS
+    results: dict[str, dict[str, Row]] = {}
+    with ObjectServerProcess() as server:
+        # One unmeasured epoch first: the forkserver's one-time start-up is not any row's.
+        _loader(server.prefix_spec(SIZE, "1"), 64, check=False)
+        for label, spec in distributions:
+            results[label] = measure(server, spec, n, loader=not args.no_loader)
+    print(f"\n{n} x {SIZE // 1000} KB per row, {IN_FLIGHT} in flight (loader: 2 workers, batch 32,")
+    print("max_concurrency=128); samples/s; hedges = extra requests seen by the server\n")
+    print(f"| latency | row | samples/s | whole run/s | hedges (% of {n}) |")
+    print("|---|---|---|---|---|")
+    for label, rows in results.items():
+        for row in rows.values():
+            whole = f"{row.whole:,.0f}" if row.whole is not None else ""
+            hedges = "" if row.hedges is None else f"{row.hedges} ({100 * row.hedges / n:.1f}%)"
+            print(f"| {label} | {row.label} | {row.rate:,.0f} | {whole} | {hedges} |")
+    print("\nRatios (this run)\n")
+    print(
+        "| latency | read hedged / raw | read no-hedge / raw | loader hedged / no-hedge "
+        "| loader hedged / loader at constant | loader hedged / raw |"
+    )
+    print("|---|---|---|---|---|---|")
+    base = results[DISTRIBUTIONS[0][0]].get("loader, hedged")
+    for label, rows in results.items():
+        raw = rows["raw"].rate
+        cells = [
+            f"{rows['read, hedged'].rate / raw:.2f}",
+            f"{rows['read, no hedge'].rate / raw:.2f}",
+        ]
+        if "loader, hedged" in rows and base is not None:
+            lh, ln = rows["loader, hedged"].rate, rows["loader, no hedge"].rate
+            cells += [f"{lh / ln:.2f}", f"{lh / base.rate:.2f}", f"{lh / raw:.2f}"]
+        else:
+            cells += ["", "", ""]
+        print(f"| {label} | " + " | ".join(cells) + " |")
+    budget_ok = all(
+        row.hedges is None or row.hedges <= 0.05 * (n + IN_FLIGHT) + 10
+        for rows in results.values()
+        for row in rows.values()
+    )
+    print(f"\nHedges within the 5% budget in every row: {'yes' if budget_ok else 'NO'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

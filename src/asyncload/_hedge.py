@@ -1,0 +1,344 @@
+"""Hedged reads: a second identical GET when the first one straggles; the first answer wins.
+
+Object stores have long per-request tails (one request in a hundred takes ten times the
+median). Waiting for a straggler holds a whole batch, so :func:`read` and :func:`open_stream`
+race a *hedge*: when a request has not answered within the delay (a high percentile of the
+recent latencies of its prefix, never below a floor), an identical request is sent, whichever
+finishes first is used, and the other is cancelled. Cancelling releases the loser's response,
+and aiohttp closes a connection whose body was not read to the end, so nothing leaks; bytes are
+counted by the caller from the winner only.
+
+Costs are bounded twice. A token bucket per prefix earns :attr:`Hedge.budget` tokens per
+request and a hedge spends one, so hedges never exceed ``budget x requests`` (plus nothing: the
+bucket starts empty). And a hedge is an attempt of the :class:`~asyncload.Retry` policy: a
+request with ``attempts=1`` is never hedged, and a round in which both copies failed used two
+attempts.
+
+Counters (hedges sent and won, per process) are read with :func:`counts`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeVar
+
+from ._retry import AttemptFailed, backoff, give_up, next_wait
+
+if TYPE_CHECKING:
+    from .sources._base import Backend, Resume, StorageOptions
+
+__all__ = ["Hedge", "HedgeCounts", "counts", "open_stream", "read", "reset"]
+
+T = TypeVar("T")
+
+# Latencies kept per prefix, and how often the percentile is recomputed from them: a sort of
+# 512 floats every 64 requests is well under a microsecond per request.
+_WINDOW = 512
+_RECOMPUTE_EVERY = 64
+# Before this many observations the percentile means little: no hedging yet.
+_MIN_SAMPLES = 20
+# Tokens a quiet prefix may save up, so a burst of stragglers after a calm period is bounded.
+_MAX_TOKENS = 10.0
+_MAX_PREFIXES = 1024
+# Backends where a second request cannot beat the first (the local disk).
+_UNHEDGED_SCHEMES = ("", "file")
+
+
+@dataclass(frozen=True, slots=True)
+class Hedge:
+    """When a straggling GET gets a second, identical request (``StorageOptions.hedge``).
+
+    The delay before the hedge is the *percentile* of the prefix's recent latencies, learned
+    online, but never below *min_delay*. At most *budget* (a fraction) of the requests of a
+    prefix are hedges. Set ``hedge=None`` to switch hedging off for a prefix.
+
+    Example:
+        >>> import asyncload
+        >>> asyncload.configure("s3://bucket", hedge=asyncload.Hedge(budget=0.02))  # doctest: +SKIP
+        >>> asyncload.configure("https://cheap.example", hedge=None)  # doctest: +SKIP
+        >>> asyncload.Hedge().budget
+        0.05
+    """
+
+    budget: float = 0.05
+    """Largest fraction of requests that may be hedges (each one is an extra GET you pay for)."""
+    percentile: float = 0.95
+    """Which percentile of recent latencies a request must exceed before it is hedged."""
+    min_delay: float = 0.05
+    """Floor of the delay, in seconds: no hedge is sent sooner, whatever the latencies."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.budget <= 1.0:
+            raise ValueError(f"Hedge(budget={self.budget}) must be in (0, 1]; hedge=None is off")
+        if not 0.5 <= self.percentile < 1.0:
+            raise ValueError(f"Hedge(percentile={self.percentile}) must be in [0.5, 1)")
+        if self.min_delay < 0:
+            raise ValueError(f"Hedge(min_delay={self.min_delay}) must be >= 0")
+
+
+@dataclass(frozen=True, slots=True)
+class HedgeCounts:
+    """Hedges this process has sent and won (the hedge answered first) since it started."""
+
+    sent: int
+    won: int
+
+
+_sent = 0
+_won = 0
+
+
+def counts() -> HedgeCounts:
+    """Hedges sent and won by this process (for ``loader.stats()``)."""
+    return HedgeCounts(sent=_sent, won=_won)
+
+
+class _Prefix:
+    """Recent latencies and the hedge token bucket of one prefix."""
+
+    __slots__ = ("delay", "filled", "latencies", "next", "options", "since", "tokens")
+
+    def __init__(self, options: StorageOptions) -> None:
+        self.options = options  # the key holds its id(): keep it alive, and check it is the same
+        self.latencies = [0.0] * _WINDOW
+        self.next = 0
+        self.filled = 0
+        self.since = 0
+        self.delay = float("inf")
+        self.tokens = 0.0
+
+    def observe(self, seconds: float, policy: Hedge) -> None:
+        self.latencies[self.next] = seconds
+        self.next = (self.next + 1) % _WINDOW
+        self.filled = min(self.filled + 1, _WINDOW)
+        self.since += 1
+        if self.since >= _RECOMPUTE_EVERY or (
+            self.filled >= _MIN_SAMPLES and self.delay == float("inf")
+        ):
+            self.since = 0
+            recent = sorted(self.latencies[: self.filled])
+            q = recent[min(len(recent) - 1, int(policy.percentile * len(recent)))]
+            self.delay = max(policy.min_delay, q) if self.filled >= _MIN_SAMPLES else float("inf")
+
+    def earn(self, policy: Hedge) -> None:
+        self.tokens = min(_MAX_TOKENS, self.tokens + policy.budget)
+
+    def spend(self) -> bool:
+        if self.tokens < 1.0:
+            return False
+        self.tokens -= 1.0
+        return True
+
+
+_prefixes: dict[tuple[int, str], _Prefix] = {}
+
+
+def _prefix_of(url: str, options: StorageOptions) -> _Prefix:
+    # One tracker per configured prefix (its options object) and origin (scheme://host/ or
+    # bucket): the default options serve every unconfigured host, whose latencies differ.
+    slash = url.find("/", url.find("://") + 3)
+    key = (id(options), url if slash < 0 else url[:slash])
+    tracker = _prefixes.get(key)
+    if tracker is None or tracker.options is not options:
+        if len(_prefixes) >= _MAX_PREFIXES:
+            _prefixes.clear()
+        tracker = _prefixes[key] = _Prefix(options)
+    return tracker
+
+
+def reset() -> None:
+    """Forget every learned latency and zero the counters (tests)."""
+    global _sent, _won
+    _prefixes.clear()
+    _sent = _won = 0
+
+
+def applies(url: str, options: StorageOptions) -> bool:
+    """Whether reads of *url* are hedged under *options*."""
+    if options.hedge is None:
+        return False
+    return not url.startswith(("file:", "FILE:", "/")) and "://" in url
+
+
+_losers: set[asyncio.Future[object]] = set()
+
+
+def _discard(fut: asyncio.Future[object]) -> None:
+    _losers.discard(fut)
+    if not fut.cancelled():
+        fut.exception()  # retrieved: a loser's failure is not an error anyone should see
+
+
+def _cancel(fut: asyncio.Future[T]) -> None:
+    if fut.done():
+        if not fut.cancelled():
+            fut.exception()
+        return
+    fut.cancel()
+    # Keep a reference until the cancellation has run the loser's cleanup (response released).
+    _losers.add(fut)  # type: ignore[arg-type]
+    fut.add_done_callback(_discard)  # type: ignore[arg-type]
+
+
+async def drain() -> None:
+    """Wait until every cancelled loser of this loop has finished cleaning up (before closing
+    clients). Losers of a loop that closed meanwhile were finalized with it: forgotten."""
+    loop = asyncio.get_running_loop()
+    for fut in [f for f in _losers if f.get_loop().is_closed()]:
+        _losers.discard(fut)
+    while mine := [f for f in _losers if f.get_loop() is loop]:
+        await asyncio.wait(mine)
+
+
+async def _race(
+    start: Callable[[], Awaitable[T]], tracker: _Prefix, policy: Hedge, spare: int
+) -> tuple[T, int]:
+    """One round: the request, and a hedge if it straggles. Returns (result, requests sent).
+
+    Raises the round's :class:`AttemptFailed` with ``requests`` set to the requests it used.
+    """
+    global _sent, _won
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    tracker.earn(policy)
+    delay = tracker.delay
+    if spare < 1 or delay == float("inf"):
+        # Nothing to race: no task, the request runs in the caller's.
+        try:
+            result = await start()
+        except AttemptFailed:
+            tracker.observe(loop.time() - began, policy)
+            raise
+        tracker.observe(loop.time() - began, policy)
+        return result, 1
+    primary: asyncio.Future[T] = asyncio.ensure_future(start())
+    try:
+        done, _ = await asyncio.wait((primary,), timeout=delay)
+    except BaseException:
+        _cancel(primary)
+        raise
+    if done or not tracker.spend():
+        try:
+            result = await primary
+        finally:
+            tracker.observe(loop.time() - began, policy)
+        return result, 1
+    _sent += 1
+    hedge: asyncio.Future[T] = asyncio.ensure_future(start())
+    pending: set[asyncio.Future[T]] = {primary, hedge}
+    failure: AttemptFailed | None = None
+    try:
+        while pending:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            # Both may be done in one wake-up: prefer a success, and the primary on a tie.
+            for fut in sorted(done, key=lambda f: f is hedge):
+                exc = fut.exception()
+                if exc is None:
+                    if fut is hedge:
+                        _won += 1
+                    return fut.result(), 2
+                if not isinstance(exc, AttemptFailed):
+                    raise exc
+                failure = exc
+                if not exc.retryable:  # a 404 or a 403 will not change for the twin
+                    pending.clear()
+                    break
+    finally:
+        # The primary's latency is at least this long: a lower bound keeps the percentile honest.
+        tracker.observe(loop.time() - began, policy)
+        for fut in (primary, hedge):
+            _cancel(fut)
+    assert failure is not None
+    failure.requests = 2
+    raise failure
+
+
+async def read(
+    backend: Backend, url: str, start: int | None, end: int | None, options: StorageOptions
+) -> bytes:
+    """:meth:`Backend.read` with hedging and retries sharing one count of attempts."""
+    policy = options.retry
+    hedge = options.hedge
+    assert hedge is not None
+    tracker = _prefix_of(url, options)
+    attempt = 0
+    started = time.monotonic()
+    while True:
+        try:
+            data, _ = await _race(
+                lambda: backend.read(url, start, end, options),
+                tracker,
+                hedge,
+                policy.attempts - attempt - 1,
+            )
+            return data
+        except AttemptFailed as failure:
+            attempt += failure.requests
+            wait = next_wait(failure, policy, attempt, started)
+            if wait is None:
+                raise give_up(failure, url, attempt) from failure.__cause__
+            await backoff(failure, url, wait, attempt, policy)
+
+
+async def _first(gen: AsyncGenerator[bytes, None]) -> tuple[AsyncGenerator[bytes, None], bytes]:
+    try:
+        return gen, await gen.__anext__()
+    except StopAsyncIteration:
+        return gen, b""
+    except BaseException:
+        await gen.aclose()
+        raise
+
+
+async def open_stream(
+    backend: Backend,
+    url: str,
+    offset: int,
+    chunk_size: int,
+    options: StorageOptions,
+    spare: int,
+    resume: Resume,
+) -> AsyncGenerator[bytes, None]:
+    """:meth:`Backend.stream_version`, its opening request hedged (up to the first chunk).
+
+    *spare* is how many attempts the retry policy has left besides this one. A failure that
+    used a hedge too carries ``requests == 2`` for the caller's count of attempts.
+    """
+    hedge = options.hedge
+    if hedge is None or spare < 1:
+        async for chunk in backend.stream_version(url, offset, chunk_size, options, resume):
+            yield chunk
+        return
+    gens: list[AsyncGenerator[bytes, None]] = []
+
+    def opened() -> Awaitable[tuple[AsyncGenerator[bytes, None], bytes]]:
+        gen = backend.stream_version(url, offset, chunk_size, options, resume)
+        gens.append(gen)
+        return _first(gen)
+
+    try:
+        (winner, chunk), _ = await _race(opened, _prefix_of(url, options), hedge, spare)
+    except BaseException:
+        for gen in gens:
+            if not _running(gen):
+                await gen.aclose()
+        raise
+    for gen in gens:
+        # A loser still inside its request is closed by its own cancellation; one that
+        # already holds a first chunk is parked here and closed now.
+        if gen is not winner and not _running(gen):
+            await gen.aclose()
+    async with aclosing(winner):
+        if chunk:
+            yield chunk
+        async for chunk in winner:
+            yield chunk
+
+
+def _running(gen: AsyncGenerator[bytes, None]) -> bool:
+    # Inside a step (awaiting its request in another task): aclose() would raise.
+    return bool(getattr(gen, "ag_running", False))
