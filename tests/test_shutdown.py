@@ -82,7 +82,7 @@ def test_timeout_raises_batch_timeout(num_workers: int) -> None:
         Sleepy(8, slow=3, delay=30), batch_size=2, num_workers=num_workers, timeout=1
     )
     t0 = time.monotonic()
-    with pytest.raises(asyncload.BatchTimeout, match=r"timed out after 1\.0 seconds") as info:
+    with pytest.raises(asyncload.BatchTimeout, match=r"timed out after 1 seconds") as info:
         list(loader)
     assert isinstance(info.value, RuntimeError)
     assert isinstance(info.value, TimeoutError)
@@ -187,9 +187,13 @@ def test_unpicklable_dataset_error_names_the_attribute() -> None:
     ds = SyncNumbers(10)
     ds.transform = lambda x: x  # type: ignore[attr-defined]
     loader = asyncload.DataLoader(ds, num_workers=1)
-    with pytest.raises(asyncload.NotPicklable, match=r"dataset\.transform.*lambda.*module level"):
+    # torch's warning comes first (issue 10), then our error naming the attribute.
+    with (
+        pytest.warns(UserWarning, match="Got pickle error"),
+        pytest.raises(asyncload.NotPicklable, match=r"dataset\.transform.*lambda.*module level"),
+    ):
         iter(loader)
-    with pytest.raises(TypeError):
+    with pytest.warns(UserWarning, match="Got pickle error"), pytest.raises(TypeError):
         iter(asyncload.DataLoader(SyncNumbers(4), num_workers=1, collate_fn=lambda b: b))
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import itertools
 import os
+import pickle
 import queue
 import signal
 import threading
@@ -89,14 +90,6 @@ class Tally:
         )
 
 
-class _SampleFailed(Exception):
-    """Carries a batch's error out of ``_next_data`` without ending the pass."""
-
-    def __init__(self, error: BaseException) -> None:
-        super().__init__()
-        self.error = error
-
-
 _SKIP = object()  # a reorder-buffer slot whose task produced nothing (iterable exhausted)
 
 
@@ -111,12 +104,19 @@ class LoaderIter:
         self._pin_thread: PinMemoryThread | None = None
         # No reference to the loader: it holds persistent iterators, and a cycle would keep
         # workers alive until the garbage collector runs.
-        self._len = len(loader) if hasattr(loader.dataset, "__len__") else None
         self._is_iterable = isinstance(loader.dataset, torch.utils.data.IterableDataset)
+        # len() only when asked: an IterableDataset's __len__ may raise TypeError (every
+        # IterDataPipe without a length does), and iterating must still work.
+        self._dataset = loader.dataset
+        self._batch_size = loader.batch_size
+        self._drop_last = loader.drop_last
+        self._len_reported: int | None = loader._IterableDataset_len_called
+        self._num_yielded = 0
         self._auto_collation = loader._auto_collation
         self._index_sampler = loader._index_sampler
         self._in_order = loader.in_order
-        self._timeout = float(loader.timeout)
+        # As given: torch's message says "after 1 seconds" for timeout=1, and code parses it.
+        self._timeout = loader.timeout
         self._persistent = loader.persistent_workers
         self._process_mode = loader.num_workers > 0
         self._loader_num_workers = loader.num_workers
@@ -138,6 +138,7 @@ class LoaderIter:
         self._generator = loader.generator
         resume, loader._resume = loader._resume, None
         self._resume = resume
+        self._shared_seed = self._draw_shared_seed()  # first, as torch does
         # Torch draws the workers' base seed before the sampler draws its own randomness; a
         # checkpoint records the RNG state between the two, which is where every pass's sampler
         # starts (persistent workers draw no new base seed), so a restore replays the sampler.
@@ -191,6 +192,7 @@ class LoaderIter:
                 skip=skips[i],
                 shm_token=self._shm_tokens[i],
                 shm_blocks=shm_blocks,
+                shared_seed=self._shared_seed,
             )
             for i in range(self._num_workers)
         ]
@@ -229,6 +231,8 @@ class LoaderIter:
                 except Exception as exc:
                     if isinstance(exc, (OSError, RuntimeError)) and not _is_pickling_error(exc):
                         raise
+                    if isinstance(exc, (TypeError, AttributeError, pickle.PicklingError)):
+                        warnings.warn(_PICKLE_WARNING, stacklevel=4)  # torch's, word for word
                     objects = {
                         "dataset": loader.dataset,
                         "collate_fn": loader.collate_fn,
@@ -246,17 +250,22 @@ class LoaderIter:
         else:
             self._replies = self._result_queue
 
-    def _reset(self, first: bool, epoch: int | None = None) -> None:
+    def _reset(
+        self, first: bool, epoch: int | None = None, len_reported: int | None = None
+    ) -> None:
         """Start a pass: torch's ``_reset``. With persistent workers, every later epoch too."""
+        self._num_yielded = 0
         if not first:
+            self._len_reported = len_reported
             self._resume = None
             self.tally = Tally(self._num_workers, in_thread=False)
+            shared_seed = self._draw_shared_seed()
             self._rng_state = capture_rng(self._generator)
             self._sampler_iter = iter(self._index_sampler)
             self._generation += 1
             self._finished = False
             for i in range(self._num_workers):
-                self._send(i, Resume(self._generation, epoch, self._freed(i)))
+                self._send(i, Resume(self._generation, epoch, self._freed(i), shared_seed))
             acks = 0
             while acks < self._num_workers:  # drop replies of the old pass until every ack
                 msg = self._get()
@@ -292,6 +301,13 @@ class LoaderIter:
         # The training loop waits through start-up too (workers, first requests).
         self.tally.wait_s = time.monotonic() - self.tally.started
 
+    def _draw_shared_seed(self) -> int | None:
+        """torch's shared seed for an ``IterDataPipe``'s shuffles (none for other datasets)."""
+        if not isinstance(self._dataset, torch.utils.data.IterDataPipe):
+            return None
+        seed = torch.empty((), dtype=torch.int64).random_(generator=self._generator)
+        return int(seed.item())
+
     # ── iteration ──────────────────────────────────────────────────────────────────────────
 
     def __iter__(self) -> LoaderIter:
@@ -302,9 +318,13 @@ class LoaderIter:
         return self._shut
 
     def __len__(self) -> int:
-        if self._len is None:
-            raise TypeError("this DataLoader's dataset has no __len__")
-        return self._len
+        if not self._is_iterable:
+            return len(self._index_sampler)
+        length = len(self._dataset)  # type: ignore[arg-type]
+        if self._batch_size is not None and self._auto_collation:
+            div = length // self._batch_size if self._drop_last else -(-length // self._batch_size)
+            return div
+        return length
 
     def __next__(self) -> Any:
         t0 = time.monotonic()
@@ -316,17 +336,45 @@ class LoaderIter:
             if not self._persistent:
                 self._shutdown()
             raise
-        except _SampleFailed as failed:
-            # One batch failed in the dataset or collate_fn: the workers are fine and the pass
-            # goes on, as in torch (catch it and call next() again).
-            # `from` keeps the worker's traceback as the cause and hides _SampleFailed.
-            raise failed.error from failed.error.__cause__
         except BaseException:
             self._shutdown()
             raise
+        if isinstance(data, Failure):
+            # One batch failed in the dataset or collate_fn: the workers are fine and the pass
+            # goes on, as in torch (catch it and call next() again). Raised here, not wrapped:
+            # no reference cycle may tie the error to this iterator, or an error leaving
+            # `for batch in loader` would keep the workers alive until a garbage collection.
+            error = data.error.exception()
+            try:
+                raise error
+            finally:
+                del error, data
         self.tally.wait_s += time.monotonic() - t0
         self.tally.batches += 1
+        self._num_yielded += 1
+        if (
+            self._is_iterable
+            and self._len_reported is not None
+            and self._num_yielded > self._len_reported
+        ):
+            self._warn_length()
         return data
+
+    def _warn_length(self) -> None:
+        # torch's wording, which code and tests match on.
+        text = (
+            f"Length of IterableDataset {self._dataset} was reported to be "
+            f"{self._len_reported}(when accessing len(dataloader)), but "
+            f"{self._num_yielded} samples have been fetched. "
+        )
+        if self._process_mode:
+            text += (
+                "For multiprocessing data-loading, this could be caused by not properly "
+                "configuring the IterableDataset replica at each worker. Please see "
+                "https://pytorch.org/docs/stable/data.html#torch.utils.data.IterableDataset "
+                "for examples."
+            )
+        warnings.warn(text, stacklevel=3)
 
     def _refill(self) -> None:
         """Send tasks until ``max_outstanding`` are out or the sampler is done."""
@@ -407,7 +455,7 @@ class LoaderIter:
         if self._pin_device is not None and not self._process_mode and isinstance(msg, Result):
             msg = pin(msg, self._pin_device)
         if isinstance(msg, Failure):
-            raise _SampleFailed(msg.error.exception())
+            return msg  # raised by __next__, after this bookkeeping
         return msg.data
 
     def checkpoint(self, epoch: int | None) -> ResumePoint:
@@ -582,6 +630,14 @@ def _is_pickling_error(exc: BaseException) -> bool:
     text = f"{type(exc).__name__}: {exc}".lower()
     return "pickl" in text
 
+
+_PICKLE_WARNING = (
+    "Got pickle error when attempting to start a worker Process. "
+    "This might be because the worker Process arguments are not picklable. "
+    "Python 3.14+ changed the multiprocessing start method in non-Mac POSIX platforms "
+    "to 'forkserver', which requires the worker Process arguments to be picklable. "
+    "You can also try multiprocessing.set_start_method('fork')."
+)
 
 _warned_pin = False
 

@@ -225,7 +225,11 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
                 self._persistent_iter = self._get_iterator()
             else:
                 try:
-                    self._persistent_iter._reset(first=False, epoch=self._epoch)
+                    self._persistent_iter._reset(
+                        first=False,
+                        epoch=self._epoch,
+                        len_reported=self._IterableDataset_len_called,
+                    )
                 except BaseException:  # e.g. a worker died between epochs: next time, new ones
                     self._persistent_iter._shutdown()
                     raise
@@ -245,11 +249,6 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
         if self._tally is None:
             return _stats.merge([], started=time.monotonic(), batches=0, wait_s=0.0)
         return self._tally.stats()
-
-    def __del__(self) -> None:
-        it = getattr(self, "_persistent_iter", None)
-        if it is not None:
-            it._shutdown()
 
 
 async def _aiter(loader: DataLoader[Any]) -> AsyncIterator[Any]:

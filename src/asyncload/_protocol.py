@@ -90,6 +90,8 @@ class Resume:
     generation: int
     epoch: int | None
     freed: tuple[int, ...] = ()
+    shared_seed: int | None = None
+    """A new shuffle seed for an ``IterDataPipe`` (torch's ``_ResumeIteration.seed``)."""
 
 
 @dataclass(frozen=True, slots=True)
