@@ -96,7 +96,7 @@ def test_killed_worker_raises_naming_pid_and_signal() -> None:
     loader = asyncload.DataLoader(Sleepy(100, slow=50, delay=60), batch_size=2, num_workers=2)
     it = iter(loader)
     next(it)
-    victim = it._workers[1].pid
+    victim = it.worker_pids[1]
     os.kill(victim, signal.SIGKILL)
     t0 = time.monotonic()
     with pytest.raises(asyncload.WorkerError, match=rf"pid {victim}.*SIGKILL") as info:
@@ -140,11 +140,11 @@ def test_persistent_workers_survive_epochs_and_go_with_the_loader() -> None:
         SyncNumbers(30), batch_size=4, num_workers=2, persistent_workers=True, shuffle=True
     )
     it = iter(loader)
-    pids = [w.pid for w in it._workers]
+    pids = list(it.worker_pids)
     for _ in range(3):
         seen = sorted(i for b in loader for i in b.tolist())
         assert seen == list(range(30))
-        assert [w.pid for w in loader._persistent_iter._workers] == pids
+        assert list(loader._persistent_pass.worker_pids) == pids
     for _ in loader:  # break mid-epoch, then a full epoch: nothing stale may leak through
         break
     assert sorted(i for b in loader for i in b.tolist()) == list(range(30))
@@ -162,8 +162,8 @@ def test_persistent_workers_carry_on_after_a_failed_batch(http_server: Any) -> N
         seen, errors = _collect_skipping_errors(loader)
         assert errors == 1
         assert seen == [i for i in range(20) if not 4 <= i < 8]
-        assert loader._persistent_iter is not None
-        now = [w.pid for w in loader._persistent_iter._workers]
+        assert loader._persistent_pass is not None
+        now = list(loader._persistent_pass.worker_pids)
         assert pids is None or now == pids  # the same workers, as in torch
         pids = now
     del loader
@@ -231,7 +231,7 @@ _SCRIPT = textwrap.dedent(
         loader = asyncload.DataLoader(SyncNumbers(10**6, delay=0.01), batch_size=4, num_workers=2)
         it = iter(loader)
         next(it)
-        print(" ".join(str(w.pid) for w in it._workers), flush=True)
+        print(" ".join(str(pid) for pid in it.worker_pids), flush=True)
         for _ in it:
             pass
     """
@@ -366,7 +366,7 @@ def test_worker_killed_while_its_shared_memory_batches_queue_up() -> None:
     it = iter(loader)
     next(it)
     time.sleep(1.0)  # the workers fill the result queue with shared-memory batches
-    victim = it._workers[1].pid
+    victim = it.worker_pids[1]
     os.kill(victim, signal.SIGKILL)
     with pytest.raises(asyncload.WorkerError, match=rf"pid {victim}.*SIGKILL"):
         _drain(it)
@@ -377,8 +377,8 @@ def test_persistent_loader_recovers_from_a_worker_killed_between_epochs() -> Non
         SyncNumbers(20), batch_size=4, num_workers=2, persistent_workers=True
     )
     assert len(list(loader)) == 5
-    assert loader._persistent_iter is not None
-    os.kill(loader._persistent_iter._workers[0].pid, signal.SIGKILL)
+    assert loader._persistent_pass is not None
+    os.kill(loader._persistent_pass.worker_pids[0], signal.SIGKILL)
     time.sleep(0.3)
     with pytest.raises(asyncload.WorkerError):
         list(loader)
@@ -397,7 +397,7 @@ _ORPHAN_SCRIPT = textwrap.dedent(
         loader = asyncload.DataLoader({make}, batch_size=4, num_workers=2, max_concurrency=4)
         it = iter(loader)
         {first}
-        print(" ".join(str(w.pid) for w in it._workers), flush=True)
+        print(" ".join(str(pid) for pid in it.worker_pids), flush=True)
         time.sleep(600)  # stop reading: the result pipe fills, or every fetch stays stuck
     """
 )

@@ -27,11 +27,11 @@ from ._protocol import (
     Failure,
     IndexTask,
     IterTask,
+    PassStarted,
     RemoteError,
     Result,
-    Resume,
-    ResumeAck,
     Shutdown,
+    StartPass,
 )
 
 __all__ = ["Engine", "WorkerConfig"]
@@ -107,7 +107,7 @@ class Engine:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._iter_requests: asyncio.Queue[IterTask] = asyncio.Queue()
         self._iter_task: asyncio.Task[None] | None = None
-        # Index batches wait here for the starter task, so that control messages (Resume,
+        # Index batches wait here for the starter task, so that control messages (StartPass,
         # Shutdown) are handled at once even while every fetch slot is taken.
         self._batches: asyncio.Queue[IndexTask] = asyncio.Queue()
         self._starter: asyncio.Task[None] | None = None
@@ -140,7 +140,7 @@ class Engine:
                     if msg.generation == self._generation:
                         self._ensure_iterating()
                         self._iter_requests.put_nowait(msg)
-                elif isinstance(msg, Resume):
+                elif isinstance(msg, StartPass):
                     await self._cancel_all()
                     self._generation = msg.generation
                     # The worker's dataset is a copy: carry the new epoch over (torch doesn't,
@@ -150,7 +150,7 @@ class Engine:
                         set_epoch(msg.epoch)
                     if msg.shared_seed is not None:
                         _apply_datapipe_settings(self.cfg, msg.shared_seed, shard=False)
-                    self._put(ResumeAck(msg.generation, self.cfg.worker_id))
+                    self._put(PassStarted(msg.generation, self.cfg.worker_id))
                 elif isinstance(msg, Shutdown):
                     return
         finally:

@@ -49,11 +49,11 @@ __all__ = [
     "Failure",
     "IndexTask",
     "IterTask",
+    "PassStarted",
     "RemoteError",
     "Result",
-    "Resume",
-    "ResumeAck",
     "Shutdown",
+    "StartPass",
 ]
 
 # How often blocking waits wake up to check liveness and the done event, in seconds.
@@ -70,8 +70,6 @@ class IndexTask:
     send_idx: int
     generation: int
     indices: Any
-    freed: tuple[int, ...] = ()
-    """Shared-memory blocks the main process is done with (NOTE [ Reused shared memory ])."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,16 +78,15 @@ class IterTask:
 
     send_idx: int
     generation: int
-    freed: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
-class Resume:
-    """A new epoch with persistent workers: drop all work, restart iteration, then ack."""
+class StartPass:
+    """A new pass with persistent workers (torch's ``_ResumeIteration``): drop all work of the
+    old one, restart iteration, then answer :class:`PassStarted`."""
 
     generation: int
     epoch: int | None
-    freed: tuple[int, ...] = ()
     shared_seed: int | None = None
     """A new shuffle seed for an ``IterDataPipe`` (torch's ``_ResumeIteration.seed``)."""
 
@@ -132,7 +129,7 @@ class Exhausted:
 
 
 @dataclass(frozen=True, slots=True)
-class ResumeAck:
+class PassStarted:
     generation: int
     worker_id: int
 

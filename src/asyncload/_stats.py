@@ -11,12 +11,14 @@ from __future__ import annotations
 import collections
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 __all__ = [
     "LoaderStats",
     "Recorder",
     "RecorderSnapshot",
+    "Tally",
     "merge",
     "note_bytes",
     "note_error",
@@ -191,3 +193,30 @@ def merge(
         errors=dict(errors),
         wait_s=wait_s,
     )
+
+
+class Tally:
+    """What one pass has done so far; outlives its pass so ``stats()`` works after the loop.
+
+    ``live`` reads an engine's counters directly (one in this process); otherwise each
+    worker's newest snapshot, as it rode in on a reply, is kept in ``workers``.
+    """
+
+    __slots__ = ("batches", "ended", "live", "started", "wait_s", "workers")
+
+    def __init__(self, num_workers: int, live: Callable[[], RecorderSnapshot] | None) -> None:
+        self.started = time.monotonic()
+        self.ended: float | None = None
+        self.batches = 0
+        self.wait_s = 0.0
+        self.live = live
+        self.workers: list[RecorderSnapshot | None] = [None] * num_workers
+
+    def stats(self) -> LoaderStats:
+        if self.live is not None:
+            snaps = [self.live()]
+        else:
+            snaps = [s for s in self.workers if s is not None]
+        return merge(
+            snaps, started=self.started, batches=self.batches, wait_s=self.wait_s, ended=self.ended
+        )

@@ -132,8 +132,11 @@ def _reader(
     """Forward tasks from the index queue into the loop; watch for the parent's death."""
     ppid = os.getppid()
     while True:
+        freed: tuple[int, ...] = ()
         try:
-            msg = index_queue.get(timeout=POLL_INTERVAL)
+            # (freed, message): the blocks the main process is done with ride on every send
+            # (NOTE [ Reused shared memory ]); the messages themselves know nothing of them.
+            freed, msg = index_queue.get(timeout=POLL_INTERVAL)
         except queue.Empty:
             if done_event.is_set():
                 msg = Shutdown()
@@ -148,7 +151,6 @@ def _reader(
         except Exception:  # a task that can't be unpickled: stop, the main process reports it
             traceback.print_exc()
             msg = Shutdown()
-        freed = getattr(msg, "freed", None)
         if freed and _shm.pool is not None:
             _shm.pool.release(freed)
         try:
