@@ -23,9 +23,10 @@ import torch
 import torch.utils.data
 
 from . import _sharding, _stats
-from ._pass import Pass, PassSpec, State
+from ._pass import Pass, State
 from ._pin_memory import accelerator_device
 from ._resume import Progress, ResumePoint, capture_rng
+from ._spec import PassSpec
 
 __all__ = ["DataLoader"]
 

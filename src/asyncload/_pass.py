@@ -14,20 +14,17 @@ from __future__ import annotations
 import atexit
 import enum
 import itertools
-import os
 import time
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 import torch.utils.data
 
-from . import _sharding
-from ._engine import WorkerConfig
+from . import _workers
 from ._exceptions import BatchTimeout
 from ._protocol import (
     POLL_INTERVAL,
@@ -40,33 +37,11 @@ from ._protocol import (
     StartPass,
 )
 from ._resume import Progress, ResumePoint, capture_rng, restore_rng
+from ._spec import PassSpec, length_warning, spec_length
 from ._stats import Tally
-from ._workers import Workers, start_workers
+from ._workers import Workers
 
 __all__ = ["Pass", "PassSpec", "State"]
-
-
-@dataclass(frozen=True)
-class PassSpec:
-    """What a pass needs from its loader, as values (the loader's arguments, resolved)."""
-
-    dataset: Any
-    is_iterable: bool
-    auto_collation: bool
-    index_sampler: Any
-    batch_size: int | None
-    drop_last: bool
-    collate_fn: Callable[[Any], Any]
-    worker_init_fn: Callable[[int], None] | None
-    num_workers: int
-    max_concurrency: int
-    outstanding_per_worker: int
-    in_order: bool
-    timeout: float
-    persistent: bool
-    pin_device: str | None
-    generator: torch.Generator | None
-    multiprocessing_context: Any = None
 
 
 class State(enum.Enum):
@@ -78,7 +53,8 @@ class State(enum.Enum):
     """The workers are stopped; the pass can't be used again."""
 
 
-StartWorkers = Callable[[PassSpec, list[WorkerConfig]], Workers]
+StartWorkers = Callable[..., Workers]
+"""``start(spec, *, base_seed, skips, shared_seed) -> Workers``: ``_workers.start_workers``."""
 
 _live: weakref.WeakSet[Pass] = weakref.WeakSet()
 
@@ -135,32 +111,11 @@ class Pass:
         skips = [0] * self._num_workers
         if resume is not None and spec.is_iterable:
             skips = [n * per_batch for n in resume.progress.worker_batches]
-        rank, world = _sharding.rank_and_world_size()
-        configs = [
-            WorkerConfig(
-                worker_id=i,
-                num_workers=self._num_workers,
-                base_seed=self._base_seed,
-                dataset=spec.dataset,
-                is_iterable=spec.is_iterable,
-                auto_collation=spec.auto_collation,
-                batch_size=spec.batch_size,
-                drop_last=spec.drop_last,
-                collate_fn=spec.collate_fn,
-                worker_init_fn=spec.worker_init_fn,
-                max_concurrency=spec.max_concurrency,
-                rank=rank,
-                world_size=world,
-                storage_config=None,
-                main_pid=os.getpid(),
-                skip=skips[i],
-                shared_seed=shared_seed,
-            )
-            for i in range(self._num_workers)
-        ]
         _live.add(self)
         try:
-            self._workers = (start_workers or _start_workers)(spec, configs)
+            self._workers = (start_workers or _workers.start_workers)(
+                spec, base_seed=self._base_seed, skips=skips, shared_seed=shared_seed
+            )
             self.tally = Tally(self._num_workers, self._workers.live_stats)
             self._begin(resume)
         except BaseException:
@@ -244,13 +199,7 @@ class Pass:
         return self._workers.pids if self._workers is not None else ()
 
     def __len__(self) -> int:
-        spec = self.spec
-        if not spec.is_iterable:
-            return len(spec.index_sampler)
-        length = len(spec.dataset)
-        if spec.batch_size is not None and spec.auto_collation:
-            return length // spec.batch_size if spec.drop_last else -(-length // spec.batch_size)
-        return int(length)
+        return spec_length(self.spec)
 
     def __next__(self) -> Any:
         if self.state is State.CLOSED:
@@ -286,24 +235,9 @@ class Pass:
         self.tally.batches += 1
         self._num_yielded += 1
         if self._len_reported is not None and self._num_yielded > self._len_reported:
-            self._warn_length()
+            text = length_warning(self.spec, self._len_reported, self._num_yielded)
+            warnings.warn(text, stacklevel=2)
         return data
-
-    def _warn_length(self) -> None:
-        # torch's wording, which code and tests match on.
-        text = (
-            f"Length of IterableDataset {self.spec.dataset} was reported to be "
-            f"{self._len_reported}(when accessing len(dataloader)), but "
-            f"{self._num_yielded} samples have been fetched. "
-        )
-        if self.spec.num_workers > 0:
-            text += (
-                "For multiprocessing data-loading, this could be caused by not properly "
-                "configuring the IterableDataset replica at each worker. Please see "
-                "https://pytorch.org/docs/stable/data.html#torch.utils.data.IterableDataset "
-                "for examples."
-            )
-        warnings.warn(text, stacklevel=3)
 
     def _refill(self) -> None:
         """Send tasks until ``max_outstanding`` are out or the sampler is done."""
@@ -455,23 +389,6 @@ class Pass:
     def __del__(self) -> None:
         if getattr(self, "state", State.CLOSED) is not State.CLOSED:
             self.close()
-
-
-def _start_workers(spec: PassSpec, configs: list[WorkerConfig]) -> Workers:
-    return start_workers(
-        configs,
-        in_thread=spec.num_workers == 0,
-        pin_device=spec.pin_device,
-        context=spec.multiprocessing_context,
-        # Per worker, a batch in flight or kept by the loop holds a block or two; beyond
-        # that, torch's path (NOTE [ Reused shared memory ]).
-        shm_blocks=4 * spec.outstanding_per_worker + 8,
-        sent_objects={
-            "dataset": spec.dataset,
-            "collate_fn": spec.collate_fn,
-            "worker_init_fn": spec.worker_init_fn,
-        },
-    )
 
 
 def _compact(index: Any) -> Any:
