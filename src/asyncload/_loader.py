@@ -47,6 +47,11 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
         max_concurrency: Samples in flight per worker (keyword-only). The default
             ``prefetch_factor`` follows from it: ``ceil(max_concurrency / batch_size) + 1``
             batches outstanding per worker.
+        auto_shard: Under ``torchrun`` (``WORLD_SIZE > 1``), give a map-style dataset without
+            its own sampler a ``DistributedSampler``, so each rank reads its share (keyword-only,
+            default ``True``; torch's DataLoader never does this). The partition is logged once;
+            a share padded with repeated samples warns. ``False`` reads the whole dataset on
+            this rank, as torch does (e.g. a rank-0-only evaluation loader).
 
     Example:
         >>> import asyncload
@@ -84,6 +89,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
         pin_memory_device: str = "",
         in_order: bool = True,
         max_concurrency: int = 64,
+        auto_shard: bool = True,
     ) -> None:
         if not isinstance(max_concurrency, int) or max_concurrency < 1:
             raise ValueError(f"max_concurrency must be a positive integer, got {max_concurrency!r}")
@@ -95,12 +101,18 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
         # the loader advances its epoch every pass, so shuffle=True reshuffles as torch's
         # RandomSampler would.
         self._auto_epoch: int | None = None
-        if world > 1 and not is_iterable and sampler is None and batch_sampler is None:
+        if (
+            auto_shard
+            and world > 1
+            and not is_iterable
+            and sampler is None
+            and batch_sampler is None
+        ):
             self._auto_epoch = 0
-            sampler = torch.utils.data.DistributedSampler(
+            sampler = _sharding.rank_sampler(
                 dataset,
-                num_replicas=world,
                 rank=rank,
+                world_size=world,
                 shuffle=bool(shuffle),
                 seed=int(generator.initial_seed()) if generator is not None else 0,
                 drop_last=drop_last,
