@@ -18,9 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import torch
 
-from . import _stats
+from . import _datapipes, _stats
 from ._dataset import aiter_for, batch_fetcher_for, fetcher_for
 from ._protocol import (
     Exhausted,
@@ -114,7 +113,13 @@ class Engine:
         self._cancelling = False  # True while the engine itself cancels its tasks
         self._last_stats = 0.0
         self._skip = cfg.skip
-        _apply_datapipe_settings(cfg, cfg.shared_seed)
+        # torch's DataLoader shards a DataPipe across every worker of every rank, and seeds
+        # its shuffles with a seed all workers share (a new one every pass).
+        self._datapipe = _datapipes.Placement(
+            cfg.worker_id, cfg.num_workers, cfg.rank, cfg.world_size
+        )
+        self._datapipe.seed(cfg.dataset, cfg.shared_seed)
+        self._datapipe.shard(cfg.dataset)
 
     # ── stats ──────────────────────────────────────────────────────────────────────────────
 
@@ -148,8 +153,8 @@ class Engine:
                     set_epoch = getattr(self.cfg.dataset, "set_epoch", None)
                     if msg.epoch is not None and callable(set_epoch):
                         set_epoch(msg.epoch)
-                    if msg.shared_seed is not None:
-                        _apply_datapipe_settings(self.cfg, msg.shared_seed, shard=False)
+                    if msg.shared_seed is not None:  # torch reseeds every pass
+                        self._datapipe.seed(self.cfg.dataset, msg.shared_seed)
                     self._put(PassStarted(msg.generation, self.cfg.worker_id))
                 elif isinstance(msg, Shutdown):
                     return
@@ -379,25 +384,6 @@ class Engine:
             _stats.recorder.in_flight -= 1
         _stats.recorder.note_sample(time.perf_counter() - t0)
         return result
-
-
-def _apply_datapipe_settings(
-    cfg: WorkerConfig, shared_seed: int | None, shard: bool = True
-) -> None:
-    """What torch's DataLoader does to a DataPipe in each worker: shard it across every worker
-    of every rank, and seed its shuffles with a seed all of them share."""
-    from torch.utils.data import IterDataPipe, MapDataPipe, graph_settings
-
-    if not isinstance(cfg.dataset, (IterDataPipe, MapDataPipe)):
-        return
-    if isinstance(cfg.dataset, IterDataPipe) and shared_seed is not None:
-        graph_settings.apply_random_seed(cfg.dataset, torch.Generator().manual_seed(shared_seed))
-    if shard:
-        graph_settings.apply_sharding(
-            cfg.dataset,
-            cfg.num_workers * cfg.world_size,
-            cfg.worker_id * cfg.world_size + cfg.rank,
-        )
 
 
 async def _skipping(dataset: Any, skip: int) -> AsyncIterator[Any]:
