@@ -329,3 +329,16 @@ class FailsAt(torch.utils.data.Dataset[int]):
         if index == self.bad:
             raise ValueError(f"sample {index} is bad")
         return index
+
+
+class LocalFiles(asyncload.Dataset[bytes]):
+    """Reads ``paths[i]`` with ``asyncload.read`` (the storage layer counts the bytes)."""
+
+    def __init__(self, paths: list[str]) -> None:
+        self.paths = paths
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    async def __getitem__(self, index: int) -> bytes:
+        return await asyncload.read(self.paths[index])

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import asyncload
+from asyncload import _metrics
 from asyncload._engine import Engine, WorkerConfig
 from asyncload._protocol import (
     Exhausted,
@@ -154,3 +155,43 @@ def test_sample_errors_name_the_sample(bad: int) -> None:
     (failure,) = out
     assert isinstance(failure, Failure)
     assert f"sample {bad}" in failure.error.where
+
+
+# ── counters: each engine its own (no process-wide stats written by several layers) ──────────
+
+
+class _Noting(asyncload.Dataset[int]):
+    """Notes 10 bytes per sample, as the storage layer does for what it reads."""
+
+    def __len__(self) -> int:
+        return 100
+
+    async def __getitem__(self, index: int) -> int:
+        await asyncio.sleep(0)
+        _metrics.note_bytes(10)
+        return index
+
+
+def test_notes_made_by_an_engines_fetches_count_for_that_engine_only() -> None:
+    before = _metrics.recorder.bytes
+    out: list[Any] = []
+
+    async def main() -> _metrics.Recorder:
+        engine = Engine(_config(_Noting()), out.append, "in a test engine")
+        inbox: asyncio.Queue[object] = asyncio.Queue()
+        for k in range(4):
+            inbox.put_nowait(IndexTask(k, 0, [3 * k, 3 * k + 1, 3 * k + 2]))
+        runner = asyncio.ensure_future(engine.run(inbox))
+        for _ in range(500):
+            if len(out) == 4:
+                break
+            await asyncio.sleep(0.01)
+        _metrics.note_bytes(1)  # the application's own read, outside the engine
+        inbox.put_nowait(Shutdown())
+        await asyncio.wait_for(runner, 5)
+        return engine.recorder
+
+    rec = asyncio.run(main())
+    assert rec.bytes == 12 * 10
+    assert rec.samples == 12
+    assert _metrics.recorder.bytes == before + 1

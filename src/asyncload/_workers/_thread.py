@@ -5,7 +5,7 @@ from __future__ import annotations
 import queue
 from collections.abc import Callable
 
-from .. import _stats, _storage
+from .. import _metrics, _storage
 from .._engine import WorkerConfig
 from .._exceptions import WorkerError
 from .._pin_memory import pin
@@ -27,14 +27,15 @@ class ThreadWorkers:
 
     def __init__(self, cfg: WorkerConfig, *, pin_device: str | None) -> None:
         self.count = 1
-        # The loop thread is this process's only engine: its counters are read live.
-        self.live_stats: Callable[[], _stats.RecorderSnapshot] | None = _stats.recorder.snapshot
+        # The engine's own counters, read live: only its fetches count, not the application's
+        # other reads in this process (they go to _metrics.recorder).
+        recorder = _metrics.Recorder()
+        self.live_stats: Callable[[], _metrics.RecorderSnapshot] | None = recorder.snapshot
         self._pin_device = pin_device
         self._closed = False
-        _stats.recorder.reset()
         # The loop thread's HTTP pool must admit max_concurrency requests, as a worker's does.
         _storage.set_pool_size(max(_storage.pool_size(), cfg.max_concurrency))
-        self._worker = ThreadWorker(cfg)
+        self._worker = ThreadWorker(cfg, recorder)
 
     @property
     def pids(self) -> tuple[int, ...]:
