@@ -29,6 +29,7 @@ LAYERS: dict[str, int] = {
     "_datapipes": 1,
     "_context": 1,
     "_shm": 1,
+    "_shm_mirror": 1,
     # 2: storage
     "sources": 2,
     "_storage": 2,
