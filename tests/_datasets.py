@@ -252,3 +252,93 @@ class FrozenCount(asyncload.Dataset[int]):
         import gc
 
         return gc.get_freeze_count()
+
+
+# ── torch drop-in behaviours (tests/test_dropin.py): in memory, no server ──────────────────────
+
+
+class Doubled(torch.utils.data.Subset[int]):
+    """A Subset subclass whose own item access doubles the value: torch calls the override."""
+
+    def __getitem__(self, index: int) -> int:  # type: ignore[override]
+        return int(self.dataset[self.indices[index]]) * 2
+
+    def __getitems__(self, indices: list[int]) -> list[int]:  # type: ignore[override]
+        return [self[i] for i in indices]
+
+
+class Negated(torch.utils.data.ConcatDataset[int]):
+    """A ConcatDataset subclass overriding __getitem__."""
+
+    def __getitem__(self, index: int) -> int:
+        return -int(super().__getitem__(index))
+
+
+class OverReported(torch.utils.data.IterableDataset[int]):
+    """Yields ``n`` items but says it has ``reported`` (torch warns past the reported length)."""
+
+    def __init__(self, n: int, reported: int) -> None:
+        self.n, self.reported = n, reported
+
+    def __len__(self) -> int:
+        return self.reported
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(asyncload.shard(range(self.n)))
+
+
+class NoLength(torch.utils.data.IterableDataset[int]):
+    """``__len__`` raises TypeError, as an IterDataPipe without a length does."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        raise TypeError(f"{type(self).__name__} instance doesn't have valid length")
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.n))
+
+
+def nested_collate(samples: list[int]) -> torch.Tensor:
+    """A batch as a nested tensor of ragged rows (row i has ``samples[i] + 1`` elements)."""
+    return torch.nested.as_nested_tensor(
+        [torch.full((s + 1,), float(s)) for s in samples], layout=torch.jagged
+    )
+
+
+def strided_nested_collate(samples: list[int]) -> torch.Tensor:
+    """Like :func:`nested_collate`, with torch's older strided nested layout."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "nested tensors are a prototype"
+        return torch.nested.nested_tensor([torch.full((s + 1,), float(s)) for s in samples])
+
+
+class FailsAt(torch.utils.data.Dataset[int]):
+    """Returns the index, except at ``bad``, where it raises ValueError."""
+
+    def __init__(self, n: int, bad: int) -> None:
+        self.n, self.bad = n, bad
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> int:
+        if index == self.bad:
+            raise ValueError(f"sample {index} is bad")
+        return index
+
+
+class LocalFiles(asyncload.Dataset[bytes]):
+    """Reads ``paths[i]`` with ``asyncload.read`` (the storage layer counts the bytes)."""
+
+    def __init__(self, paths: list[str]) -> None:
+        self.paths = paths
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    async def __getitem__(self, index: int) -> bytes:
+        return await asyncload.read(self.paths[index])

@@ -18,6 +18,7 @@ from ._datasets import (
     AsyncBatched,
     Batched,
     InFlight,
+    LocalFiles,
     Numbers,
     ShardedNumbers,
     SyncIterable,
@@ -329,3 +330,22 @@ def test_subset_and_concat_of_async_datasets(http_server: Any, num_workers: int)
     got = _as_lists(asyncload.DataLoader(concat, batch_size=7, num_workers=num_workers))
     plain = torch.utils.data.ConcatDataset([list(range(30)), [29, 3, 7, 11, 0]])
     assert got == _as_lists(torch.utils.data.DataLoader(plain, batch_size=7))
+
+
+def test_thread_mode_stats_count_the_loaders_reads_only(tmp_path: Any) -> None:
+    # num_workers=0 runs the engine in a thread of this process: its stats must not include
+    # the application's own reads, made during the pass or after it (design.md B2).
+    paths = []
+    for i in range(6):
+        p = tmp_path / f"{i}.bin"
+        p.write_bytes(b"x" * 100)
+        paths.append(str(p))
+    loader = asyncload.DataLoader(LocalFiles(paths), batch_size=3, collate_fn=list)
+    it = iter(loader)
+    next(it)
+    asyncio.run(asyncload.read(paths[0]))  # the application's read, mid-pass
+    list(it)
+    asyncio.run(asyncload.read(paths[1]))  # and after it
+    stats = loader.stats()
+    assert stats.samples == 6
+    assert stats.bytes == 600

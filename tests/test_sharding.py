@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
+import logging
 
 import numpy as np
 import pytest
@@ -62,3 +64,47 @@ def test_no_environment_means_everything(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     assert asyncload.shard([1, 2, 3]) == [1, 2, 3]
     assert asyncload.get_worker_info() is None
+
+
+# ── DataLoader(auto_shard=...) under torchrun ────────────────────────────────────────────────
+
+
+def _as_rank(monkeypatch: pytest.MonkeyPatch, rank: int, world: int) -> None:
+    monkeypatch.setenv("RANK", str(rank))
+    monkeypatch.setenv("WORLD_SIZE", str(world))
+    monkeypatch.setattr(_sharding, "_announced", False)
+
+
+def test_auto_shard_logs_the_partition_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    _as_rank(monkeypatch, rank=1, world=2)
+    caplog.set_level(logging.INFO, logger="asyncload")
+    loader = asyncload.DataLoader(list(range(8)), batch_size=None)
+    assert [int(x) for x in loader] == [1, 3, 5, 7]
+    asyncload.DataLoader(list(range(8)), batch_size=None)
+    infos = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert len(infos) == 1
+    assert "WORLD_SIZE=2" in infos[0]
+    assert "rank 1's share" in infos[0]
+    assert "4 of 8 samples" in infos[0]
+    assert "auto_shard=False" in infos[0]
+
+
+def test_auto_shard_never_pads_silently(monkeypatch: pytest.MonkeyPatch) -> None:
+    _as_rank(monkeypatch, rank=1, world=2)
+    with pytest.warns(asyncload.AsyncloadWarning, match=r"repeats 1 of them.*auto_shard=False"):
+        loader = asyncload.DataLoader(list(range(5)), batch_size=None)
+    assert [int(x) for x in loader] == [1, 3, 0]  # 0 is a repeat: the warning said so
+
+
+def test_auto_shard_false_reads_everything_as_torch(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    _as_rank(monkeypatch, rank=1, world=2)
+    caplog.set_level(logging.DEBUG, logger="asyncload")
+    loader = asyncload.DataLoader(list(range(5)), batch_size=2, auto_shard=False)
+    assert [b.tolist() for b in loader] == [[0, 1], [2, 3], [4]]
+    assert not [r for r in caplog.records if "share" in r.getMessage()]
+    param = inspect.signature(asyncload.DataLoader).parameters["auto_shard"]
+    assert param.kind is inspect.Parameter.KEYWORD_ONLY

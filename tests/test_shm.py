@@ -276,7 +276,7 @@ def test_a_batch_outlives_its_killed_worker() -> None:
     it = iter(loader)
     first = next(it)
     assert not first.is_shared()  # on a pooled block
-    os.kill(it._workers[0].pid, signal.SIGKILL)
+    os.kill(it.worker_pids[0], signal.SIGKILL)
     with contextlib.suppress(asyncload.WorkerError):  # unless every batch was already out
         for _ in it:
             pass

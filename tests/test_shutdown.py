@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 from pathlib import Path
@@ -29,6 +28,8 @@ from ._datasets import (
     put_numbers,
 )
 from ._procs import worker_processes
+
+_SCRIPTS = Path(__file__).parent / "_scripts"  # run as subprocesses
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
@@ -82,7 +83,7 @@ def test_timeout_raises_batch_timeout(num_workers: int) -> None:
         Sleepy(8, slow=3, delay=30), batch_size=2, num_workers=num_workers, timeout=1
     )
     t0 = time.monotonic()
-    with pytest.raises(asyncload.BatchTimeout, match=r"timed out after 1\.0 seconds") as info:
+    with pytest.raises(asyncload.BatchTimeout, match=r"timed out after 1 seconds") as info:
         list(loader)
     assert isinstance(info.value, RuntimeError)
     assert isinstance(info.value, TimeoutError)
@@ -96,7 +97,7 @@ def test_killed_worker_raises_naming_pid_and_signal() -> None:
     loader = asyncload.DataLoader(Sleepy(100, slow=50, delay=60), batch_size=2, num_workers=2)
     it = iter(loader)
     next(it)
-    victim = it._workers[1].pid
+    victim = it.worker_pids[1]
     os.kill(victim, signal.SIGKILL)
     t0 = time.monotonic()
     with pytest.raises(asyncload.WorkerError, match=rf"pid {victim}.*SIGKILL") as info:
@@ -140,11 +141,11 @@ def test_persistent_workers_survive_epochs_and_go_with_the_loader() -> None:
         SyncNumbers(30), batch_size=4, num_workers=2, persistent_workers=True, shuffle=True
     )
     it = iter(loader)
-    pids = [w.pid for w in it._workers]
+    pids = list(it.worker_pids)
     for _ in range(3):
         seen = sorted(i for b in loader for i in b.tolist())
         assert seen == list(range(30))
-        assert [w.pid for w in loader._persistent_iter._workers] == pids
+        assert list(loader._persistent_pass.worker_pids) == pids
     for _ in loader:  # break mid-epoch, then a full epoch: nothing stale may leak through
         break
     assert sorted(i for b in loader for i in b.tolist()) == list(range(30))
@@ -162,8 +163,8 @@ def test_persistent_workers_carry_on_after_a_failed_batch(http_server: Any) -> N
         seen, errors = _collect_skipping_errors(loader)
         assert errors == 1
         assert seen == [i for i in range(20) if not 4 <= i < 8]
-        assert loader._persistent_iter is not None
-        now = [w.pid for w in loader._persistent_iter._workers]
+        assert loader._persistent_pass is not None
+        now = list(loader._persistent_pass.worker_pids)
         assert pids is None or now == pids  # the same workers, as in torch
         pids = now
     del loader
@@ -187,9 +188,13 @@ def test_unpicklable_dataset_error_names_the_attribute() -> None:
     ds = SyncNumbers(10)
     ds.transform = lambda x: x  # type: ignore[attr-defined]
     loader = asyncload.DataLoader(ds, num_workers=1)
-    with pytest.raises(asyncload.NotPicklable, match=r"dataset\.transform.*lambda.*module level"):
+    # torch's warning comes first (issue 10), then our error naming the attribute.
+    with (
+        pytest.warns(UserWarning, match="Got pickle error"),
+        pytest.raises(asyncload.NotPicklable, match=r"dataset\.transform.*lambda.*module level"),
+    ):
         iter(loader)
-    with pytest.raises(TypeError):
+    with pytest.warns(UserWarning, match="Got pickle error"), pytest.raises(TypeError):
         iter(asyncload.DataLoader(SyncNumbers(4), num_workers=1, collate_fn=lambda b: b))
 
 
@@ -216,29 +221,9 @@ def _unpicklable(batch: list[int]) -> Any:
     return lambda: batch
 
 
-_SCRIPT = textwrap.dedent(
-    """
-    import os, sys, time
-    sys.path.insert(0, {root!r})
-    import asyncload
-    from tests._datasets import SyncNumbers
-
-    if __name__ == "__main__":
-        loader = asyncload.DataLoader(SyncNumbers(10**6, delay=0.01), batch_size=4, num_workers=2)
-        it = iter(loader)
-        next(it)
-        print(" ".join(str(w.pid) for w in it._workers), flush=True)
-        for _ in it:
-            pass
-    """
-)
-
-
 @pytest.mark.parametrize("how", ["SIGKILL", "SIGINT", "SIGTERM"])
-def test_main_process_death_or_ctrl_c_leaves_no_workers(tmp_path: Path, how: str) -> None:
-    script = tmp_path / "train.py"
-    script.write_text(_SCRIPT.format(root=str(Path(__file__).parent.parent)))
-    pids, err = _run_then_signal(script, getattr(signal, how), settle=0.0)
+def test_main_process_death_or_ctrl_c_leaves_no_workers(how: str) -> None:
+    pids, err = _run_then_signal([_SCRIPTS / "train_forever.py"], getattr(signal, how), settle=0)
     alive = _wait_gone(pids)
     assert not alive, f"workers {alive} outlived their main process ({how})"
     if how == "SIGINT":
@@ -247,13 +232,17 @@ def test_main_process_death_or_ctrl_c_leaves_no_workers(tmp_path: Path, how: str
         assert "leaked" not in err, err
 
 
-def _run_then_signal(script: Path, sig: int, settle: float) -> tuple[list[int], str]:
-    """Run *script* until it prints its 2 worker pids, wait *settle* s, send *sig* to it.
+def _run_then_signal(script: list[Any], sig: int, settle: float) -> tuple[list[int], str]:
+    """Run *script* (a path, then arguments) until it prints its 2 worker pids, wait *settle*
+    seconds, send *sig* to it.
 
     Returns the worker pids and what the script wrote to stderr.
     """
     with subprocess.Popen(
-        [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [sys.executable, *map(str, script)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     ) as proc:
         try:
             assert proc.stdout is not None
@@ -286,37 +275,18 @@ def _running(pid: int) -> bool:
         return False
 
 
-_FD_SCRIPT = textwrap.dedent(
-    """
-    import resource, sys
-    sys.path.insert(0, {root!r})
-    import asyncload
-    from tests._datasets import Numbers
-
-    if __name__ == "__main__":
-        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
-        loader = asyncload.DataLoader(
-            Numbers({base!r}, 300), batch_size=50, num_workers={workers}, max_concurrency=200
-        )
-        try:
-            sum(len(b) for b in loader)
-        except asyncload.ConnectError as exc:
-            print("ConnectError:", exc)
-    """
-)
-
-
 @pytest.mark.parametrize("num_workers", [0, 1])
 def test_file_descriptor_limit_gives_a_clear_error_not_a_hang(
-    http_server: Any, tmp_path: Path, num_workers: int
+    http_server: Any, num_workers: int
 ) -> None:
     base = put_numbers(http_server, 300)
     http_server.latency = 0.2  # keep connections open so the 64-descriptor limit is reached
-    script = tmp_path / "fd.py"
-    root = str(Path(__file__).parent.parent)
-    script.write_text(_FD_SCRIPT.format(root=root, base=base, workers=num_workers))
     out = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, timeout=45, check=False
+        [sys.executable, str(_SCRIPTS / "fd_limit.py"), base, str(num_workers)],
+        capture_output=True,
+        text=True,
+        timeout=45,
+        check=False,
     )
     assert "ConnectError:" in out.stdout, out.stdout + out.stderr
     assert "ran out of file descriptors" in out.stdout
@@ -362,7 +332,7 @@ def test_worker_killed_while_its_shared_memory_batches_queue_up() -> None:
     it = iter(loader)
     next(it)
     time.sleep(1.0)  # the workers fill the result queue with shared-memory batches
-    victim = it._workers[1].pid
+    victim = it.worker_pids[1]
     os.kill(victim, signal.SIGKILL)
     with pytest.raises(asyncload.WorkerError, match=rf"pid {victim}.*SIGKILL"):
         _drain(it)
@@ -373,8 +343,8 @@ def test_persistent_loader_recovers_from_a_worker_killed_between_epochs() -> Non
         SyncNumbers(20), batch_size=4, num_workers=2, persistent_workers=True
     )
     assert len(list(loader)) == 5
-    assert loader._persistent_iter is not None
-    os.kill(loader._persistent_iter._workers[0].pid, signal.SIGKILL)
+    assert loader._persistent_pass is not None
+    os.kill(loader._persistent_pass.worker_pids[0], signal.SIGKILL)
     time.sleep(0.3)
     with pytest.raises(asyncload.WorkerError):
         list(loader)
@@ -382,70 +352,22 @@ def test_persistent_loader_recovers_from_a_worker_killed_between_epochs() -> Non
     del loader
 
 
-_ORPHAN_SCRIPT = textwrap.dedent(
-    """
-    import sys, time
-    sys.path.insert(0, {root!r})
-    import asyncload
-    from tests._datasets import {dataset}
-
-    if __name__ == "__main__":
-        loader = asyncload.DataLoader({make}, batch_size=4, num_workers=2, max_concurrency=4)
-        it = iter(loader)
-        {first}
-        print(" ".join(str(w.pid) for w in it._workers), flush=True)
-        time.sleep(600)  # stop reading: the result pipe fills, or every fetch stays stuck
-    """
-)
-
-
-@pytest.mark.parametrize(
-    ("dataset", "make", "first"),
-    [
-        ("Blobs", "Blobs(10**6, 8192)", "next(it)"),
-        ("Stuck", "Stuck()", "pass"),
-    ],
-)
-def test_workers_exit_when_their_parent_dies_while_blocked(
-    tmp_path: Path, dataset: str, make: str, first: str
-) -> None:
-    script = tmp_path / "orphan.py"
-    root = str(Path(__file__).parent.parent)
-    script.write_text(_ORPHAN_SCRIPT.format(root=root, dataset=dataset, make=make, first=first))
+@pytest.mark.parametrize("kind", ["blobs", "stuck"])
+def test_workers_exit_when_their_parent_dies_while_blocked(kind: str) -> None:
     # settle: let the result pipe fill, or the fetches get stuck, before the parent dies
-    pids, _ = _run_then_signal(script, signal.SIGKILL, settle=1.5)
+    pids, _ = _run_then_signal([_SCRIPTS / "orphan.py", kind], signal.SIGKILL, settle=1.5)
     alive = _wait_gone(pids)
     assert not alive, f"workers {alive} outlived their killed parent"
 
 
-_EXIT_SCRIPT = textwrap.dedent(
-    """
-    import sys, warnings
-    sys.path.insert(0, {root!r})
-    warnings.simplefilter("ignore")  # pin_memory without an accelerator warns; not the point
-    import asyncload
-    from tests._datasets import SyncNumbers
-
-    if __name__ == "__main__":
-        loader = asyncload.DataLoader(
-            SyncNumbers(10**6, delay=0.001), batch_size=4, num_workers=2,
-            persistent_workers=True, pin_memory=True,
-        )
-        for _ in loader:
-            break
-        print("done", flush=True)
-    """
-)
-
-
-def test_interpreter_exit_after_break_with_persistent_workers_is_prompt_and_clean(
-    tmp_path: Path,
-) -> None:
-    script = tmp_path / "exit.py"
-    script.write_text(_EXIT_SCRIPT.format(root=str(Path(__file__).parent.parent)))
+def test_interpreter_exit_after_break_with_persistent_workers_is_prompt_and_clean() -> None:
     t0 = time.monotonic()
     out = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, timeout=60, check=False
+        [sys.executable, str(_SCRIPTS / "exit_after_break.py")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "done"

@@ -38,10 +38,9 @@ from ._exceptions import (
     Timeout,
     WorkerError,
 )
-from ._hedge import Hedge
 from ._loader import DataLoader
 from ._redact import redact_url
-from ._retry import Retry
+from ._retry import Hedge, Retry
 from ._sharding import WorkerInfo, get_worker_info, shard
 from ._stats import LoaderStats
 from ._storage import (

@@ -7,7 +7,8 @@ to two coroutine shapes with :func:`fetcher_for` and :func:`aiter_for`:
 * async ``__getitem__``      → awaited on the worker's event loop;
 * sync ``__getitem__``       → run in the worker's thread pool (the loop keeps fetching);
 * ``__getitems__``           → called once per batch, as torch does (:func:`batch_fetcher_for`);
-* ``Subset``/``ConcatDataset`` → looked through to the datasets inside;
+* ``Subset``/``ConcatDataset`` → looked through to the datasets inside (not a subclass that
+  overrides ``__getitem__`` or ``__getitems__``: torch calls the override, and so do we);
 * async ``__aiter__``        → iterated on the loop; yielded awaitables run concurrently;
 * sync ``__iter__``          → ``next()`` runs in the thread pool.
 """
@@ -85,10 +86,10 @@ def fetcher_for(dataset: Any) -> Callable[[Any], Awaitable[Any]]:
     sets to its thread pool. torch's ``Subset`` and ``ConcatDataset`` are looked through, so
     that the async datasets inside them are awaited on the loop rather than from a thread.
     """
-    if isinstance(dataset, torch.utils.data.Subset):
+    if _plain(dataset, torch.utils.data.Subset):
         inner, indices = fetcher_for(dataset.dataset), dataset.indices
         return lambda index: inner(indices[index])
-    if isinstance(dataset, torch.utils.data.ConcatDataset):
+    if _plain(dataset, torch.utils.data.ConcatDataset):
         parts = [fetcher_for(d) for d in dataset.datasets]
         ends = dataset.cumulative_sizes
 
@@ -116,9 +117,7 @@ def batch_fetcher_for(dataset: Any) -> Callable[[list[Any]], Awaitable[list[Any]
     """``async fetch(indices)`` when the dataset defines ``__getitems__`` (torch's batched
     access, which Hugging Face datasets implement), else ``None``."""
     getitems = getattr(type(dataset), "__getitems__", None)
-    if getitems is None or isinstance(
-        dataset, (torch.utils.data.Subset, torch.utils.data.ConcatDataset)
-    ):
+    if getitems is None or _plain(dataset, torch.utils.data.Subset):
         return None  # looked through per sample by fetcher_for
     if inspect.iscoroutinefunction(getitems):
         return dataset.__getitems__  # type: ignore[no-any-return]
@@ -129,6 +128,15 @@ def batch_fetcher_for(dataset: Any) -> Callable[[list[Any]], Awaitable[list[Any]
         return [await r if inspect.isawaitable(r) else r for r in result]
 
     return fetch_in_thread
+
+
+def _plain(dataset: Any, cls: type) -> bool:
+    """*dataset* is a *cls* whose item access is *cls*'s own, so looking through it is exact."""
+    kind = type(dataset)
+    return isinstance(dataset, cls) and all(
+        getattr(kind, name, None) is getattr(cls, name, None)
+        for name in ("__getitem__", "__getitems__")
+    )
 
 
 async def _sync_to_async(it: Iterator[Any]) -> AsyncIterator[Any]:

@@ -19,18 +19,18 @@ from typing import Any
 
 import numpy as np
 
-from . import _stats
+from . import _datapipes, _metrics
 from ._dataset import aiter_for, batch_fetcher_for, fetcher_for
 from ._protocol import (
     Exhausted,
     Failure,
     IndexTask,
     IterTask,
+    PassStarted,
     RemoteError,
     Result,
-    Resume,
-    ResumeAck,
     Shutdown,
+    StartPass,
 )
 
 __all__ = ["Engine", "WorkerConfig"]
@@ -66,6 +66,8 @@ class WorkerConfig:
     """Names the worker's block pool (NOTE [ Reused shared memory ]); empty: no pool."""
     shm_blocks: int = 0
     """At most this many blocks in the pool."""
+    shared_seed: int | None = None
+    """An ``IterDataPipe``'s shuffle seed, the same in every worker (torch's shared seed)."""
 
 
 class _Batch:
@@ -87,10 +89,20 @@ class Engine:
         cfg: The worker's configuration.
         put: Delivers a reply message to the main process; must not block for long.
         where: Names this worker in error messages ("in DataLoader worker 1 (pid 123)").
+        recorder: Its counters; a new one by default.
     """
 
-    def __init__(self, cfg: WorkerConfig, put: Callable[[object], None], where: str) -> None:
+    def __init__(
+        self,
+        cfg: WorkerConfig,
+        put: Callable[[object], None],
+        where: str,
+        recorder: _metrics.Recorder | None = None,
+    ) -> None:
         self.cfg = cfg
+        # This engine's counters; run() makes them current for every task of its loop, so
+        # storage notes made by its fetches land here (and nowhere else).
+        self.recorder = recorder if recorder is not None else _metrics.Recorder()
         self._put = put
         self._where = where
         self._fetch = None if cfg.is_iterable else fetcher_for(cfg.dataset)
@@ -104,26 +116,37 @@ class Engine:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._iter_requests: asyncio.Queue[IterTask] = asyncio.Queue()
         self._iter_task: asyncio.Task[None] | None = None
-        # Index batches wait here for the starter task, so that control messages (Resume,
+        # Index batches wait here for the starter task, so that control messages (StartPass,
         # Shutdown) are handled at once even while every fetch slot is taken.
         self._batches: asyncio.Queue[IndexTask] = asyncio.Queue()
         self._starter: asyncio.Task[None] | None = None
         self._cancelling = False  # True while the engine itself cancels its tasks
         self._last_stats = 0.0
         self._skip = cfg.skip
+        # torch's DataLoader shards a DataPipe across every worker of every rank, and seeds
+        # its shuffles with a seed all workers share (a new one every pass).
+        self._datapipe = _datapipes.Placement(
+            cfg.worker_id, cfg.num_workers, cfg.rank, cfg.world_size
+        )
+        self._datapipe.seed(cfg.dataset, cfg.shared_seed)
+        self._datapipe.shard(cfg.dataset)
 
     # ── stats ──────────────────────────────────────────────────────────────────────────────
 
-    def _stats(self, force: bool = False) -> _stats.RecorderSnapshot | None:
+    def _stats(self, force: bool = False) -> _metrics.RecorderSnapshot | None:
         now = time.monotonic()
         if force or now - self._last_stats >= _STATS_EVERY:
             self._last_stats = now
-            return _stats.recorder.snapshot()
+            return self.recorder.snapshot()
         return None
 
     # ── main loop ──────────────────────────────────────────────────────────────────────────
 
     async def run(self, inbox: asyncio.Queue[object]) -> None:
+        with _metrics.use(self.recorder):  # tasks started from here on inherit it
+            await self._run(inbox)
+
+    async def _run(self, inbox: asyncio.Queue[object]) -> None:
         try:
             while True:
                 msg = await inbox.get()
@@ -136,7 +159,7 @@ class Engine:
                     if msg.generation == self._generation:
                         self._ensure_iterating()
                         self._iter_requests.put_nowait(msg)
-                elif isinstance(msg, Resume):
+                elif isinstance(msg, StartPass):
                     await self._cancel_all()
                     self._generation = msg.generation
                     # The worker's dataset is a copy: carry the new epoch over (torch doesn't,
@@ -144,7 +167,9 @@ class Engine:
                     set_epoch = getattr(self.cfg.dataset, "set_epoch", None)
                     if msg.epoch is not None and callable(set_epoch):
                         set_epoch(msg.epoch)
-                    self._put(ResumeAck(msg.generation, self.cfg.worker_id))
+                    if msg.shared_seed is not None:  # torch reseeds every pass
+                        self._datapipe.seed(self.cfg.dataset, msg.shared_seed)
+                    self._put(PassStarted(msg.generation, self.cfg.worker_id))
                 elif isinstance(msg, Shutdown):
                     return
         finally:
@@ -169,7 +194,7 @@ class Engine:
         self._iter_requests = asyncio.Queue()
         self._batches = asyncio.Queue()
         self._sem = asyncio.Semaphore(self.cfg.max_concurrency)
-        _stats.recorder.in_flight = 0
+        self.recorder.in_flight = 0
 
     def _spawn(self, coro: Any) -> asyncio.Task[Any]:
         """Start *coro*, tracked so that a new epoch or shutdown can cancel it."""
@@ -179,7 +204,7 @@ class Engine:
         return task
 
     def _fail(self, send_idx: int, exc: BaseException, index: Any = None) -> None:
-        _stats.note_error(type(exc).__name__)
+        self.recorder.errors[type(exc).__name__] += 1
         if index is None:
             where = f"{self._where} while producing batch {send_idx}"
         elif isinstance(index, list):
@@ -203,7 +228,7 @@ class Engine:
             self._fail(send_idx, exc)
             return
         # Idle after this batch (e.g. the epoch's last): send final counts, else throttle.
-        stats = self._stats(force=_stats.recorder.in_flight == 0)
+        stats = self._stats(force=self.recorder.in_flight == 0)
         self._put(Result(send_idx, self._generation, self.cfg.worker_id, data, stats))
 
     # ── map-style ──────────────────────────────────────────────────────────────────────────
@@ -243,7 +268,7 @@ class Engine:
             return
         if self._fetch_batch is not None:
             await self._sem.acquire()
-            _stats.recorder.in_flight += 1
+            self.recorder.in_flight += 1
             self._spawn(self._fetch_many(batch, indices))
             return
         for pos, index in enumerate(indices):
@@ -253,7 +278,7 @@ class Engine:
             if batch.failed:
                 self._sem.release()
                 return
-            _stats.recorder.in_flight += 1
+            self.recorder.in_flight += 1
             self._spawn(self._fetch_one(batch, pos, index))
 
     async def _fetch_many(self, batch: _Batch, indices: list[Any]) -> None:
@@ -270,10 +295,10 @@ class Engine:
             return
         finally:
             self._sem.release()
-            _stats.recorder.in_flight -= 1
+            self.recorder.in_flight -= 1
         per_sample = (time.perf_counter() - t0) / len(indices)
         for _ in indices:
-            _stats.recorder.note_sample(per_sample)
+            self.recorder.note_sample(per_sample)
         self._deliver(batch.task.send_idx, list(samples))
 
     async def _fetch_one(self, batch: _Batch, pos: int, index: Any) -> None:
@@ -289,8 +314,8 @@ class Engine:
             return
         finally:
             self._sem.release()
-            _stats.recorder.in_flight -= 1
-        _stats.recorder.note_sample(time.perf_counter() - t0)
+            self.recorder.in_flight -= 1
+        self.recorder.note_sample(time.perf_counter() - t0)
         if batch.failed:
             return
         batch.samples[pos] = sample
@@ -352,10 +377,10 @@ class Engine:
             async for item in it:
                 if inspect.isawaitable(item):
                     await self._sem.acquire()
-                    _stats.recorder.in_flight += 1
+                    self.recorder.in_flight += 1
                     await ahead.put(self._spawn(self._await_one(item)))
                 else:
-                    _stats.recorder.note_sample(0.0)
+                    self.recorder.note_sample(0.0)
                     await ahead.put(item)
         except (Exception, asyncio.CancelledError) as exc:
             await ahead.put(_Raised(self._as_failure(exc)))
@@ -370,8 +395,8 @@ class Engine:
             raise self._as_failure(exc) from exc
         finally:
             self._sem.release()
-            _stats.recorder.in_flight -= 1
-        _stats.recorder.note_sample(time.perf_counter() - t0)
+            self.recorder.in_flight -= 1
+        self.recorder.note_sample(time.perf_counter() - t0)
         return result
 
 

@@ -26,7 +26,7 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
-from ._retry import AttemptFailed, backoff, give_up, next_wait
+from ._retry import AttemptFailed, Hedge, backoff, give_up, next_wait
 
 if TYPE_CHECKING:
     from .sources._base import Backend, Resume, StorageOptions
@@ -46,38 +46,6 @@ _MAX_TOKENS = 10.0
 _MAX_PREFIXES = 1024
 # Backends where a second request cannot beat the first (the local disk).
 _UNHEDGED_SCHEMES = ("", "file")
-
-
-@dataclass(frozen=True, slots=True)
-class Hedge:
-    """When a straggling GET gets a second, identical request (``StorageOptions.hedge``).
-
-    The delay before the hedge is the *percentile* of the prefix's recent latencies, learned
-    online, but never below *min_delay*. At most *budget* (a fraction) of the requests of a
-    prefix are hedges. Set ``hedge=None`` to switch hedging off for a prefix.
-
-    Example:
-        >>> import asyncload
-        >>> asyncload.configure("s3://bucket", hedge=asyncload.Hedge(budget=0.02))  # doctest: +SKIP
-        >>> asyncload.configure("https://cheap.example", hedge=None)  # doctest: +SKIP
-        >>> asyncload.Hedge().budget
-        0.05
-    """
-
-    budget: float = 0.05
-    """Largest fraction of requests that may be hedges (each one is an extra GET you pay for)."""
-    percentile: float = 0.95
-    """Which percentile of recent latencies a request must exceed before it is hedged."""
-    min_delay: float = 0.05
-    """Floor of the delay, in seconds: no hedge is sent sooner, whatever the latencies."""
-
-    def __post_init__(self) -> None:
-        if not 0.0 < self.budget <= 1.0:
-            raise ValueError(f"Hedge(budget={self.budget}) must be in (0, 1]; hedge=None is off")
-        if not 0.5 <= self.percentile < 1.0:
-            raise ValueError(f"Hedge(percentile={self.percentile}) must be in [0.5, 1)")
-        if self.min_delay < 0:
-            raise ValueError(f"Hedge(min_delay={self.min_delay}) must be >= 0")
 
 
 @dataclass(frozen=True, slots=True)

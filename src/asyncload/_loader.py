@@ -1,9 +1,10 @@
 """``asyncload.DataLoader``: torch's DataLoader, with an event loop in every worker.
 
-The main process runs the sampler, hands index batches to workers round-robin, keeps enough
-batches outstanding per worker to fill ``max_concurrency``, restores sampler order
-(``in_order=True``) and yields. See NOTE [ Data flow and shutdown ] in ``_protocol.py`` for the
-processes, queues and the shutdown protocol, which :meth:`LoaderIter._shutdown` implements.
+The loader holds torch's arguments, counts epochs, saves and loads checkpoints, and starts
+passes: it resolves its settings into a frozen :class:`~asyncload._pass.PassSpec` and hands
+that, with the resume point, to a :class:`~asyncload._pass.Pass`, which does the rest
+(``_pass.py``). With persistent workers it keeps that pass and restarts it every epoch; the
+workers belong to the pass, so a temporary loader (``for b in DataLoader(...)``) is fine.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import concurrent.futures
 import inspect
 import math
 import time
+import warnings
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any, Generic, TypeVar
@@ -21,8 +23,10 @@ import torch
 import torch.utils.data
 
 from . import _sharding, _stats
-from ._iterator import LoaderIter, Tally
+from ._pass import Pass, State
+from ._pin_memory import accelerator_device
 from ._resume import Progress, ResumePoint, capture_rng
+from ._spec import PassSpec
 
 __all__ = ["DataLoader"]
 
@@ -43,6 +47,11 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
         max_concurrency: Samples in flight per worker (keyword-only). The default
             ``prefetch_factor`` follows from it: ``ceil(max_concurrency / batch_size) + 1``
             batches outstanding per worker.
+        auto_shard: Under ``torchrun`` (``WORLD_SIZE > 1``), give a map-style dataset without
+            its own sampler a ``DistributedSampler``, so each rank reads its share (keyword-only,
+            default ``True``; torch's DataLoader never does this). The partition is logged once;
+            a share padded with repeated samples warns. ``False`` reads the whole dataset on
+            this rank, as torch does (e.g. a rank-0-only evaluation loader).
 
     Example:
         >>> import asyncload
@@ -80,6 +89,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
         pin_memory_device: str = "",
         in_order: bool = True,
         max_concurrency: int = 64,
+        auto_shard: bool = True,
     ) -> None:
         if not isinstance(max_concurrency, int) or max_concurrency < 1:
             raise ValueError(f"max_concurrency must be a positive integer, got {max_concurrency!r}")
@@ -91,12 +101,18 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
         # the loader advances its epoch every pass, so shuffle=True reshuffles as torch's
         # RandomSampler would.
         self._auto_epoch: int | None = None
-        if world > 1 and not is_iterable and sampler is None and batch_sampler is None:
+        if (
+            auto_shard
+            and world > 1
+            and not is_iterable
+            and sampler is None
+            and batch_sampler is None
+        ):
             self._auto_epoch = 0
-            sampler = torch.utils.data.DistributedSampler(
+            sampler = _sharding.rank_sampler(
                 dataset,
-                num_replicas=world,
                 rank=rank,
+                world_size=world,
                 shuffle=bool(shuffle),
                 seed=int(generator.initial_seed()) if generator is not None else 0,
                 drop_last=drop_last,
@@ -131,17 +147,48 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
             if prefetch_factor is not None
             else math.ceil(max_concurrency / per_batch) + 1
         )
-        self._tally: Tally | None = None
-        self._persistent_iter: LoaderIter | None = None
-        self._live_iter: weakref.ref[LoaderIter] | None = None
+        self._tally: _stats.Tally | None = None
+        self._persistent_pass: Pass | None = None
+        self._live_pass: weakref.ref[Pass] | None = None
         self._epoch: int | None = None
         self._epoch_of_pass: int | None = None  # the epoch the current pass runs (checkpoints)
         self._resume: ResumePoint | None = None
 
-    def _get_iterator(self) -> LoaderIter:  # type: ignore[override]
-        it = LoaderIter(self)
+    def _spec(self) -> PassSpec:
+        if self.pin_memory and self.pin_memory_device:
+            warnings.warn(
+                "pin_memory_device is deprecated, the current accelerator will be used as the "
+                f"device, ignore pin_memory_device='{self.pin_memory_device}'.",
+                stacklevel=4,
+            )
+        pin_device = accelerator_device() if self.pin_memory else None
+        if self.pin_memory and pin_device is None:
+            _warn_no_accelerator()
+        return PassSpec(
+            dataset=self.dataset,
+            is_iterable=isinstance(self.dataset, torch.utils.data.IterableDataset),
+            auto_collation=self._auto_collation,
+            index_sampler=self._index_sampler,
+            batch_size=self.batch_size,
+            drop_last=self.drop_last,
+            collate_fn=self.collate_fn,
+            worker_init_fn=self.worker_init_fn,
+            num_workers=self.num_workers,
+            max_concurrency=self.max_concurrency,
+            outstanding_per_worker=self._outstanding_per_worker,
+            in_order=self.in_order,
+            timeout=self.timeout,
+            persistent=self.persistent_workers,
+            pin_device=pin_device,
+            generator=self.generator,
+            multiprocessing_context=self.multiprocessing_context,
+        )
+
+    def _get_iterator(self) -> Pass:  # type: ignore[override]
+        resume, self._resume = self._resume, None  # used up by the pass it starts
+        it = Pass(self._spec(), resume=resume, len_reported=self._IterableDataset_len_called)
         self._tally = it.tally
-        self._live_iter = weakref.ref(it)
+        self._live_pass = weakref.ref(it)
         return it
 
     def set_epoch(self, epoch: int) -> None:
@@ -175,7 +222,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
             >>> for batch in loader:  # the rest of the interrupted epoch  # doctest: +SKIP
             ...     ...
         """
-        it = self._live_iter() if self._live_iter is not None else None
+        it = self._live_pass() if self._live_pass is not None else None
         if it is None:
             if self._resume is not None:
                 return self._resume.to_dict()
@@ -206,32 +253,29 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
             self._auto_epoch = point.epoch  # the next pass is that epoch again, then onwards
         elif point.epoch is not None:
             self.set_epoch(point.epoch)
-        if self._persistent_iter is not None:  # its workers are mid-pass: start afresh
-            self._persistent_iter._shutdown()
-            self._persistent_iter = None
+        if self._persistent_pass is not None:  # its workers are mid-pass: start afresh
+            self._persistent_pass.close()
+            self._persistent_pass = None
         self._resume = None if point.finished else point
-        self._live_iter = None  # state_dict() now reports what was loaded, not an old pass
+        self._live_pass = None  # state_dict() now reports what was loaded, not an old pass
 
-    def __iter__(self) -> LoaderIter:  # type: ignore[override]
+    def __iter__(self) -> Pass:  # type: ignore[override]
         if self._auto_epoch is not None:
             self.sampler.set_epoch(self._auto_epoch)  # type: ignore[attr-defined]
             self._epoch_of_pass = self._auto_epoch
             self._auto_epoch += 1
         else:
             self._epoch_of_pass = self._epoch
-        if self.persistent_workers and self.num_workers > 0:
-            # A pass that ended in an error shut its workers down: start new ones.
-            if self._persistent_iter is None or self._persistent_iter.is_shut_down:
-                self._persistent_iter = self._get_iterator()
-            else:
-                try:
-                    self._persistent_iter._reset(first=False, epoch=self._epoch)
-                except BaseException:  # e.g. a worker died between epochs: next time, new ones
-                    self._persistent_iter._shutdown()
-                    raise
-            self._tally = self._persistent_iter.tally
-            return self._persistent_iter
-        return self._get_iterator()
+        if not (self.persistent_workers and self.num_workers > 0):
+            return self._get_iterator()
+        persistent = self._persistent_pass
+        # A pass that ended in an error closed its workers: start new ones.
+        if persistent is None or persistent.state is State.CLOSED:
+            persistent = self._persistent_pass = self._get_iterator()
+        else:
+            persistent.restart(self._epoch, self._IterableDataset_len_called)
+            self._tally = persistent.tally
+        return persistent
 
     def __aiter__(self) -> AsyncIterator[Any]:
         """Iterate without blocking the running event loop: waits happen in a helper thread."""
@@ -246,17 +290,12 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
             return _stats.merge([], started=time.monotonic(), batches=0, wait_s=0.0)
         return self._tally.stats()
 
-    def __del__(self) -> None:
-        it = getattr(self, "_persistent_iter", None)
-        if it is not None:
-            it._shutdown()
-
 
 async def _aiter(loader: DataLoader[Any]) -> AsyncIterator[Any]:
     loop = asyncio.get_running_loop()
     # One thread for this iteration: the iterator is only ever touched from it.
     pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="asyncload-aiter")
-    it: LoaderIter | None = None
+    it: Pass | None = None
     try:
         it = await loop.run_in_executor(pool, iter, loader)
         end = object()
@@ -267,5 +306,19 @@ async def _aiter(loader: DataLoader[Any]) -> AsyncIterator[Any]:
             yield batch
     finally:
         if it is not None and not loader.persistent_workers:
-            await loop.run_in_executor(pool, it._shutdown)
+            await loop.run_in_executor(pool, it.close)
         pool.shutdown(wait=False)
+
+
+_warned_pin = False
+
+
+def _warn_no_accelerator() -> None:
+    global _warned_pin
+    if not _warned_pin:
+        _warned_pin = True
+        warnings.warn(
+            "'pin_memory' argument is set as true but no accelerator is found, "
+            "then device pinned memory won't be used.",
+            stacklevel=5,
+        )

@@ -5,20 +5,39 @@ NOTE [ Data flow and shutdown ]
 
 ::
 
-    main process                                   worker process i (one event loop)
-    ────────────                                   ─────────────────────────────────
-    sampler ─► IndexTask/IterTask ─► index_queue[i] ─► reader thread ─► inbox ─► Engine
-                                                                                │ up to
-                                                                                │ max_concurrency
-                                                                                ▼ in flight
-    training loop ◄─ reorder ◄─ [pin-memory thread] ◄─ result_queue ◄─ Result/Failure/Exhausted
+    main process (_pass.Pass → _workers.ProcessWorkers)      worker process i (_worker.py)
+    ───────────────────────────────────────────────────      ─────────────────────────────
+    sampler ─► IndexTask/IterTask ─► send(i, msg) ─► index_queue[i] ─► reader thread ─► inbox
+               (round robin)         wraps (freed, msg)                 releases `freed`      │
+                                                                                              ▼
+                                                                 Engine (one event loop, up to
+                                                                 max_concurrency in flight)
+                                                                          │ collate, then pack:
+                                                                          ▼ Result → Packed
+    training loop ◄─ reorder ◄─ get() ◄─ [pin-memory thread] ◄─ result_queue ◄─ Packed/Failure/
+                     (Pass)     unpack     unpack + pin                          Exhausted
+
+Where a reply is unpacked (its shared memory mapped) and pinned, one place per kind of workers:
+
+* ``ProcessWorkers``, ``pin_memory=True``: both on the pin-memory thread;
+* ``ProcessWorkers``, no pinning: unpacked in ``get()``, on the training thread;
+* ``ThreadWorkers`` (``num_workers=0``): nothing to unpack; pinned in ``get()``.
 
 Every send is answered by exactly one reply carrying the same ``send_idx``: a ``Result``, a
 ``Failure`` or (iterable datasets) ``Exhausted``. The main process therefore knows at all times
 which tasks are outstanding on which worker.
 
-Shutdown is started by the main process only (end of epoch without persistent workers, ``break``
-and garbage collection, an exception, ``del loader``, interpreter exit via ``atexit``):
+The start-pass handshake (persistent workers, every pass after the first; ``Pass.restart``)::
+
+    Pass ── StartPass(generation + 1, epoch, shared_seed) ──► every engine
+         engine: cancel all fetches of the old generation, set_epoch, reseed a DataPipe
+    Pass ◄── PassStarted(generation) ── every engine; replies of older generations are dropped
+
+A pass starts in ``Pass.__init__`` or ``Pass.restart`` and ends in ``Pass.close``, which calls
+``Workers.close``: at the end of an epoch without persistent workers, on ``break`` once the
+iterator is garbage, on an exception out of ``next()`` other than a failed batch, on
+``load_state_dict``, and at interpreter exit (``atexit``). The workers belong to the pass, not
+to the loader. ``ProcessWorkers.close`` is the shutdown sequence:
 
 1. set ``done_event`` (workers stop putting results; pin thread stops);
 2. put ``Shutdown`` on every index queue; the worker's reader thread forwards it to the engine,
@@ -49,11 +68,11 @@ __all__ = [
     "Failure",
     "IndexTask",
     "IterTask",
+    "PassStarted",
     "RemoteError",
     "Result",
-    "Resume",
-    "ResumeAck",
     "Shutdown",
+    "StartPass",
 ]
 
 # How often blocking waits wake up to check liveness and the done event, in seconds.
@@ -70,8 +89,6 @@ class IndexTask:
     send_idx: int
     generation: int
     indices: Any
-    freed: tuple[int, ...] = ()
-    """Shared-memory blocks the main process is done with (NOTE [ Reused shared memory ])."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,16 +97,17 @@ class IterTask:
 
     send_idx: int
     generation: int
-    freed: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
-class Resume:
-    """A new epoch with persistent workers: drop all work, restart iteration, then ack."""
+class StartPass:
+    """A new pass with persistent workers (torch's ``_ResumeIteration``): drop all work of the
+    old one, restart iteration, then answer :class:`PassStarted`."""
 
     generation: int
     epoch: int | None
-    freed: tuple[int, ...] = ()
+    shared_seed: int | None = None
+    """A new shuffle seed for an ``IterDataPipe`` (torch's ``_ResumeIteration.seed``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +148,7 @@ class Exhausted:
 
 
 @dataclass(frozen=True, slots=True)
-class ResumeAck:
+class PassStarted:
     generation: int
     worker_id: int
 

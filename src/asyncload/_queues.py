@@ -46,6 +46,7 @@ class _Pickler(ForkingPickler):
             type(obj) is torch.Tensor
             and obj.device.type == "cpu"
             and obj.layout == torch.strided
+            and not obj.is_nested  # torch's own reduction knows its buffers and offsets
             and not obj.requires_grad
             and not obj.is_quantized
         ):

@@ -29,7 +29,7 @@ from . import _stats
 from ._exceptions import StorageError
 from ._redact import redact_url
 
-__all__ = ["AttemptFailed", "Retry", "backoff", "give_up", "next_wait", "retrying"]
+__all__ = ["AttemptFailed", "Hedge", "Retry", "backoff", "give_up", "next_wait", "retrying"]
 
 log = logging.getLogger("asyncload.storage")
 
@@ -202,3 +202,35 @@ def next_wait(failure: AttemptFailed, policy: Retry, attempt: int, started: floa
         failure.message += f"; Retry(deadline={policy.deadline:g}s) reached"
         return None
     return wait
+
+
+@dataclass(frozen=True, slots=True)
+class Hedge:
+    """When a straggling GET gets a second, identical request (``StorageOptions.hedge``).
+
+    The delay before the hedge is the *percentile* of the prefix's recent latencies, learned
+    online, but never below *min_delay*. At most *budget* (a fraction) of the requests of a
+    prefix are hedges. Set ``hedge=None`` to switch hedging off for a prefix.
+
+    Example:
+        >>> import asyncload
+        >>> asyncload.configure("s3://bucket", hedge=asyncload.Hedge(budget=0.02))  # doctest: +SKIP
+        >>> asyncload.configure("https://cheap.example", hedge=None)  # doctest: +SKIP
+        >>> asyncload.Hedge().budget
+        0.05
+    """
+
+    budget: float = 0.05
+    """Largest fraction of requests that may be hedges (each one is an extra GET you pay for)."""
+    percentile: float = 0.95
+    """Which percentile of recent latencies a request must exceed before it is hedged."""
+    min_delay: float = 0.05
+    """Floor of the delay, in seconds: no hedge is sent sooner, whatever the latencies."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.budget <= 1.0:
+            raise ValueError(f"Hedge(budget={self.budget}) must be in (0, 1]; hedge=None is off")
+        if not 0.5 <= self.percentile < 1.0:
+            raise ValueError(f"Hedge(percentile={self.percentile}) must be in [0.5, 1)")
+        if self.min_delay < 0:
+            raise ValueError(f"Hedge(min_delay={self.min_delay}) must be >= 0")

@@ -9,14 +9,25 @@ one rule; :func:`shard` applies it and :func:`get_worker_info` reports the numbe
 from __future__ import annotations
 
 import itertools
+import logging
 import os
+import warnings
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar, overload
 
 import numpy as np
 
-__all__ = ["WorkerInfo", "get_worker_info", "rank_and_world_size", "shard", "shard_position"]
+__all__ = [
+    "WorkerInfo",
+    "get_worker_info",
+    "rank_and_world_size",
+    "rank_sampler",
+    "shard",
+    "shard_position",
+]
+
+log = logging.getLogger("asyncload")
 
 T = TypeVar("T")
 
@@ -127,3 +138,50 @@ async def _ashard(items: AsyncIterable[T], index: int, count: int) -> AsyncItera
         if i % count == index:
             yield item
         i += 1
+
+
+_announced = False
+
+
+def rank_sampler(
+    dataset: Any, *, rank: int, world_size: int, shuffle: bool, seed: int, drop_last: bool
+) -> Any:
+    """The ``DistributedSampler`` ``DataLoader(auto_shard=True)`` adds under torchrun.
+
+    Says what it does: the partition is logged (INFO, once per process; DEBUG after that), and
+    a share padded with repeated samples warns, since an evaluation over it counts them twice.
+    """
+    global _announced
+    import torch.utils.data
+
+    from ._context import AsyncloadWarning
+
+    sampler: torch.utils.data.DistributedSampler[Any] = torch.utils.data.DistributedSampler(
+        dataset, num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed, drop_last=drop_last
+    )
+    total = len(dataset)
+    log.log(
+        logging.DEBUG if _announced else logging.INFO,
+        "asyncload: WORLD_SIZE=%d, so this DataLoader reads rank %d's share of its dataset: "
+        "%d of %d samples (a DistributedSampler, shuffle=%s, drop_last=%s). Pass "
+        "auto_shard=False to read the whole dataset on this rank.",
+        world_size,
+        rank,
+        sampler.num_samples,
+        total,
+        shuffle,
+        drop_last,
+    )
+    _announced = True
+    padded = sampler.total_size - total
+    if padded > 0:
+        warnings.warn(
+            f"asyncload: {total} samples don't split evenly over WORLD_SIZE={world_size} ranks, "
+            f"so the automatic DistributedSampler repeats {padded} of them to give every rank "
+            f"{sampler.num_samples}; an evaluation over this loader counts those twice. Pass "
+            "auto_shard=False to read the whole dataset on this rank (rank-0-only evaluation), "
+            "drop_last=True to drop the tail instead, or a sampler of your own.",
+            AsyncloadWarning,
+            stacklevel=4,
+        )
+    return sampler

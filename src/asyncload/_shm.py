@@ -53,17 +53,28 @@ to another process moves them into torch's shared memory as for any tensor.
 from __future__ import annotations
 
 import collections
-import contextlib
 import mmap
 import os
 import threading
 import weakref
-from collections.abc import Iterator
 from multiprocessing.reduction import DupFd
 from typing import Any
 
 import numpy as np
 import torch
+
+# The main side (the mappings of every worker's blocks) lives in _shm_mirror; re-exported here.
+from ._shm_mirror import (
+    _freed,
+    _maps,
+    _open_block,
+    forget_blocks,
+    map_blocks,
+    register_token,
+    take_freed,
+    unpickling,
+    unregister_token,
+)
 
 __all__ = [
     "BlockPool",
@@ -413,118 +424,6 @@ def reduce_tensor(t: torch.Tensor) -> tuple[Any, ...] | None:
     if ref is None:
         return None
     return _rebuild, (ref, t.dtype, t.storage_offset(), tuple(t.shape), tuple(t.stride()))
-
-
-# ── main side ─────────────────────────────────────────────────────────────────────────────────
-
-_main_lock = threading.Lock()
-_maps: dict[str, dict[int, mmap.mmap]] = {}
-_freed: dict[str, collections.deque[int]] = {}
-_views: weakref.WeakValueDictionary[tuple[str, int, int], np.ndarray] = (
-    weakref.WeakValueDictionary()
-)
-
-
-def register_token(token: str) -> None:
-    """Start accepting blocks from the worker that owns *token*."""
-    with _main_lock:
-        _maps.setdefault(token, {})
-        _freed.setdefault(token, collections.deque())
-
-
-def unregister_token(token: str) -> None:
-    """Forget a stopped worker's blocks; batches still alive keep their mappings."""
-    with _main_lock:
-        _maps.pop(token, None)
-        _freed.pop(token, None)
-
-
-def take_freed(token: str) -> tuple[int, ...]:
-    """Uses of *token*'s blocks the main process is done with, to send to that worker."""
-    dq = _freed.get(token)
-    if not dq:
-        return ()
-    out: list[int] = []
-    while True:
-        try:
-            out.append(dq.popleft())  # deque ops are atomic: finalizers append from any thread
-        except IndexError:
-            return tuple(out)
-
-
-def forget_blocks(token: str, block_ids: tuple[int, ...]) -> None:
-    """The worker dropped these blocks: unmap them once no batch views them."""
-    with _main_lock:
-        blocks = _maps.get(token)
-        if blocks is not None:
-            for block_id in block_ids:
-                blocks.pop(block_id, None)
-
-
-def _release(token: str, block_id: int, seq: int) -> None:
-    dq = _freed.get(token)
-    if dq is not None:
-        dq.append(block_id)
-        dq.append(seq)
-
-
-_unpacking = threading.local()  # the mappings of the message being unpickled in this thread
-
-
-def map_blocks(token: str, fds: tuple[tuple[int, int, Any], ...]) -> dict[int, mmap.mmap]:
-    """Map the blocks a message brings descriptors for (``(id, size, DupFd)``), once each.
-
-    Returns the message's new mappings; :func:`unpickling` makes them visible to
-    :func:`_open_block` also when *token* is no longer registered.
-    """
-    new: dict[int, mmap.mmap] = {}
-    for block_id, cap, dup in fds:
-        fd = dup.detach()  # always: the worker's resource sharer holds the duplicate till then
-        try:
-            with _main_lock:
-                blocks = _maps.get(token)
-                if blocks is not None and block_id in blocks:
-                    continue
-                mm = new[block_id] = mmap.mmap(fd, cap)
-                if blocks is not None:
-                    blocks[block_id] = mm
-        finally:
-            os.close(fd)
-    return new
-
-
-@contextlib.contextmanager
-def unpickling(token: str, new: dict[int, mmap.mmap]) -> Iterator[None]:
-    """``with unpickling(token, map_blocks(...)): pickle.loads(...)``."""
-    _unpacking.state = (token, new)
-    try:
-        yield
-    finally:
-        _unpacking.state = None
-
-
-def _open_block(token: str, block_id: int, seq: int, nbytes: int) -> torch.UntypedStorage:
-    """Unpickling a pooled storage in the main process."""
-    key = (token, block_id, seq)
-    arr = _views.get(key)
-    if arr is None:
-        with _main_lock:
-            blocks = _maps.get(token)
-            mm = blocks.get(block_id) if blocks is not None else None
-        if mm is None:
-            state = getattr(_unpacking, "state", None)
-            if state is not None and state[0] == token:
-                mm = state[1].get(block_id)
-        if mm is None:
-            raise RuntimeError(
-                f"asyncload: shared-memory block {block_id} of a worker's pool is not mapped in "
-                "this process: a batch was unpickled after its loader shut down, or outside "
-                "the loader (batches from a worker are for the process that started it)"
-            )
-        arr = np.frombuffer(mm, dtype=np.uint8, count=nbytes)
-        _views[key] = arr
-        weakref.finalize(arr, _release, token, block_id, seq)
-    return torch.from_numpy(arr).untyped_storage()
 
 
 def _rebuild(

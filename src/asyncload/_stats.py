@@ -1,106 +1,40 @@
-"""Counters every process keeps cheaply, and the frozen snapshot ``DataLoader.stats()`` returns.
+"""The frozen snapshot ``DataLoader.stats()`` returns, and how a pass tallies it.
 
-Each process (a worker, or the main process for ``num_workers=0``) owns one :class:`Recorder`.
-The storage layer and the worker loop call the ``note_*`` functions on the hot path: each is a
-few integer additions. Workers ship a :class:`RecorderSnapshot` with their results; the main
+The counters themselves live in ``_metrics`` (re-exported here, so ``_stats.note_bytes`` and
+friends keep working): each engine owns a :class:`Recorder`, which storage code notes into
+through a ContextVar. Workers ship a :class:`RecorderSnapshot` with their results; the main
 process keeps the newest one per worker and merges them in :func:`merge`.
 """
 
 from __future__ import annotations
 
 import collections
-import math
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ._metrics import (
+    _NUM_BUCKETS,
+    Recorder,
+    RecorderSnapshot,
+    _bucket_upper,
+    note_bytes,
+    note_error,
+    note_retry,
+    recorder,
+)
 
 __all__ = [
     "LoaderStats",
     "Recorder",
     "RecorderSnapshot",
+    "Tally",
     "merge",
     "note_bytes",
     "note_error",
     "note_retry",
     "recorder",
 ]
-
-# Latency histogram: log-spaced buckets from 10 µs to ~170 s, 8 per factor of two.
-_BUCKETS_PER_OCTAVE = 8
-_MIN_LATENCY = 1e-5
-_NUM_BUCKETS = 8 * 24
-
-
-def _bucket(seconds: float) -> int:
-    if seconds <= _MIN_LATENCY:
-        return 0
-    b = int(math.log2(seconds / _MIN_LATENCY) * _BUCKETS_PER_OCTAVE)
-    return min(b, _NUM_BUCKETS - 1)
-
-
-def _bucket_upper(b: int) -> float:
-    return float(_MIN_LATENCY * 2 ** ((b + 1) / _BUCKETS_PER_OCTAVE))
-
-
-@dataclass(frozen=True, slots=True)
-class RecorderSnapshot:
-    """What one process has counted since it started (picklable, sent with results)."""
-
-    samples: int
-    bytes: int
-    in_flight: int
-    latency_hist: tuple[int, ...]
-    retries: tuple[tuple[str, int], ...]
-    errors: tuple[tuple[str, int], ...]
-
-
-@dataclass
-class Recorder:
-    """Mutable per-process counters; only its own process (and event loop thread) writes them."""
-
-    samples: int = 0
-    bytes: int = 0
-    in_flight: int = 0
-    latency_hist: list[int] = field(default_factory=lambda: [0] * _NUM_BUCKETS)
-    retries: collections.Counter[str] = field(default_factory=collections.Counter)
-    errors: collections.Counter[str] = field(default_factory=collections.Counter)
-
-    def note_sample(self, latency: float) -> None:
-        self.samples += 1
-        self.latency_hist[_bucket(latency)] += 1
-
-    def snapshot(self) -> RecorderSnapshot:
-        return RecorderSnapshot(
-            samples=self.samples,
-            bytes=self.bytes,
-            in_flight=self.in_flight,
-            latency_hist=tuple(self.latency_hist),
-            retries=tuple(sorted(self.retries.items())),
-            errors=tuple(sorted(self.errors.items())),
-        )
-
-    def reset(self) -> None:
-        self.samples = self.bytes = self.in_flight = 0
-        self.latency_hist = [0] * _NUM_BUCKETS
-        self.retries.clear()
-        self.errors.clear()
-
-
-recorder = Recorder()
-
-
-def note_bytes(n: int) -> None:
-    """Count *n* payload bytes received from storage."""
-    recorder.bytes += n
-
-
-def note_retry(kind: str) -> None:
-    """Count one retry, by reason (``"503"``, ``"timeout"``, ``"connection"``, ...)."""
-    recorder.retries[kind] += 1
-
-
-def note_error(kind: str) -> None:
-    """Count one failure that reached the caller, by exception class name."""
-    recorder.errors[kind] += 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,3 +125,30 @@ def merge(
         errors=dict(errors),
         wait_s=wait_s,
     )
+
+
+class Tally:
+    """What one pass has done so far; outlives its pass so ``stats()`` works after the loop.
+
+    ``live`` reads an engine's counters directly (one in this process); otherwise each
+    worker's newest snapshot, as it rode in on a reply, is kept in ``workers``.
+    """
+
+    __slots__ = ("batches", "ended", "live", "started", "wait_s", "workers")
+
+    def __init__(self, num_workers: int, live: Callable[[], RecorderSnapshot] | None) -> None:
+        self.started = time.monotonic()
+        self.ended: float | None = None
+        self.batches = 0
+        self.wait_s = 0.0
+        self.live = live
+        self.workers: list[RecorderSnapshot | None] = [None] * num_workers
+
+    def stats(self) -> LoaderStats:
+        if self.live is not None:
+            snaps = [self.live()]
+        else:
+            snaps = [s for s in self.workers if s is not None]
+        return merge(
+            snaps, started=self.started, batches=self.batches, wait_s=self.wait_s, ended=self.ended
+        )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import ctypes
 import gc
 import os
@@ -27,7 +28,7 @@ import numpy as np
 import torch
 import torch.utils.data
 
-from . import _sharding, _shm, _stats, _storage
+from . import _metrics, _sharding, _shm, _storage
 from ._engine import Engine, WorkerConfig
 from ._protocol import (
     POLL_INTERVAL,
@@ -132,8 +133,11 @@ def _reader(
     """Forward tasks from the index queue into the loop; watch for the parent's death."""
     ppid = os.getppid()
     while True:
+        freed: tuple[int, ...] = ()
         try:
-            msg = index_queue.get(timeout=POLL_INTERVAL)
+            # (freed, message): the blocks the main process is done with ride on every send
+            # (NOTE [ Reused shared memory ]); the messages themselves know nothing of them.
+            freed, msg = index_queue.get(timeout=POLL_INTERVAL)
         except queue.Empty:
             if done_event.is_set():
                 msg = Shutdown()
@@ -148,7 +152,6 @@ def _reader(
         except Exception:  # a task that can't be unpickled: stop, the main process reports it
             traceback.print_exc()
             msg = Shutdown()
-        freed = getattr(msg, "freed", None)
         if freed and _shm.pool is not None:
             _shm.pool.release(freed)
         try:
@@ -168,7 +171,7 @@ def worker_main(cfg: WorkerConfig, index_queue: Any, result_queue: Any, done_eve
     where = f"in DataLoader worker {cfg.worker_id} (pid {os.getpid()})"
     _reseed(cfg.base_seed + cfg.worker_id, cfg.worker_id)
     _install_worker_info(cfg)
-    _stats.recorder.reset()
+    _metrics.recorder.reset()  # the one engine of this process counts into it
     if cfg.environ is not None:
         # A forkserver child inherits the server's environment, frozen when it started; give
         # it the main process's, as fork and spawn would (AWS_* set after the first loader).
@@ -210,7 +213,7 @@ def worker_main(cfg: WorkerConfig, index_queue: Any, result_queue: Any, done_eve
         ).start()
 
     try:
-        run_engine(cfg, put, where, f"asyncload-w{cfg.worker_id}", start_reader)
+        run_engine(cfg, put, where, f"asyncload-w{cfg.worker_id}", start_reader, _metrics.recorder)
     finally:
         _finish_queue(result_queue, done_event.is_set() or orphaned.is_set())
     if orphaned.is_set():
@@ -225,6 +228,7 @@ def run_engine(
     where: str,
     thread_prefix: str,
     started: Callable[[asyncio.AbstractEventLoop, asyncio.Queue[object]], None],
+    recorder: _metrics.Recorder,
 ) -> None:
     """Run an :class:`Engine` on a new event loop in this thread until it gets ``Shutdown``.
 
@@ -233,13 +237,11 @@ def run_engine(
     its thread pool released however the engine ends.
     """
     loop = new_event_loop()
-    pool = concurrent.futures.ThreadPoolExecutor(
-        max_workers=min(32, cfg.max_concurrency), thread_name_prefix=thread_prefix
-    )
+    pool = _ContextPool(max_workers=min(32, cfg.max_concurrency), thread_name_prefix=thread_prefix)
     loop.set_default_executor(pool)
     asyncio.set_event_loop(loop)
     try:
-        engine = loop.run_until_complete(_make_engine(cfg, put, where))
+        engine = loop.run_until_complete(_make_engine(cfg, put, where, recorder))
         inbox: asyncio.Queue[object] = asyncio.Queue()
         started(loop, inbox)
         loop.run_until_complete(engine.run(inbox))
@@ -251,8 +253,19 @@ def run_engine(
             loop.close()
 
 
-async def _make_engine(cfg: WorkerConfig, put: Callable[[object], None], where: str) -> Engine:
-    return Engine(cfg, put, where)  # created inside the loop: its primitives bind to it
+async def _make_engine(
+    cfg: WorkerConfig, put: Callable[[object], None], where: str, recorder: _metrics.Recorder
+) -> Engine:
+    return Engine(cfg, put, where, recorder)  # created inside the loop: its primitives bind to it
+
+
+class _ContextPool(concurrent.futures.ThreadPoolExecutor):
+    """The loop's default executor: runs each call in the context it was submitted from, as
+    ``asyncio.to_thread`` does, so a sync ``__getitem__``'s storage reads count for the engine
+    that ran it (``_metrics.current()``)."""
+
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
+        return super().submit(contextvars.copy_context().run, fn, *args, **kwargs)
 
 
 def _finish_queue(result_queue: Any, abandoned: bool) -> None:
@@ -268,12 +281,13 @@ def _finish_queue(result_queue: Any, abandoned: bool) -> None:
 class ThreadWorker:
     """Runs an :class:`Engine` on its own event loop in a daemon thread of the main process."""
 
-    def __init__(self, cfg: WorkerConfig) -> None:
+    def __init__(self, cfg: WorkerConfig, recorder: _metrics.Recorder) -> None:
         self.results: queue.Queue[object] = queue.Queue()
         self._ready = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._inbox: asyncio.Queue[object] | None = None
         self._cfg = cfg
+        self._recorder = recorder
         self._thread = threading.Thread(target=self._main, name="asyncload-loop", daemon=True)
         self._thread.start()
         self._ready.wait()
@@ -285,7 +299,7 @@ class ThreadWorker:
 
         try:
             where = "in the DataLoader's loop thread"
-            run_engine(self._cfg, self.results.put, where, "asyncload-t", started)
+            run_engine(self._cfg, self.results.put, where, "asyncload-t", started, self._recorder)
         finally:
             self._ready.set()  # also when the engine could not start
 

@@ -23,8 +23,7 @@ from typing import Any
 from urllib.parse import quote, urlsplit
 
 from .._exceptions import InvalidURL
-from .._hedge import Hedge
-from .._retry import AttemptFailed, Retry
+from .._retry import AttemptFailed, Hedge, Retry
 
 __all__ = [
     "Backend",

@@ -1,0 +1,127 @@
+"""Counters kept cheaply on the hot path, and where a note goes: the running engine's recorder.
+
+Each engine owns a :class:`Recorder` and makes it :func:`current` for its event loop's tasks
+(a ContextVar, so a thread's engine never counts the application's own reads, and two engines
+never share counters). Storage code calls :func:`note_bytes`, :func:`note_retry` and
+:func:`note_error` without knowing about loaders; outside any engine the notes go to the
+process's own :data:`recorder`. Knows nothing about loaders.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import contextvars
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+__all__ = [
+    "Recorder",
+    "RecorderSnapshot",
+    "current",
+    "note_bytes",
+    "note_error",
+    "note_retry",
+    "recorder",
+    "use",
+]
+
+# Latency histogram: log-spaced buckets from 10 µs to ~170 s, 8 per factor of two.
+_BUCKETS_PER_OCTAVE = 8
+_MIN_LATENCY = 1e-5
+_NUM_BUCKETS = 8 * 24
+
+
+def _bucket(seconds: float) -> int:
+    if seconds <= _MIN_LATENCY:
+        return 0
+    b = int(math.log2(seconds / _MIN_LATENCY) * _BUCKETS_PER_OCTAVE)
+    return min(b, _NUM_BUCKETS - 1)
+
+
+def _bucket_upper(b: int) -> float:
+    return float(_MIN_LATENCY * 2 ** ((b + 1) / _BUCKETS_PER_OCTAVE))
+
+
+@dataclass(frozen=True, slots=True)
+class RecorderSnapshot:
+    """What one process has counted since it started (picklable, sent with results)."""
+
+    samples: int
+    bytes: int
+    in_flight: int
+    latency_hist: tuple[int, ...]
+    retries: tuple[tuple[str, int], ...]
+    errors: tuple[tuple[str, int], ...]
+
+
+@dataclass
+class Recorder:
+    """Mutable per-process counters; only its own process (and event loop thread) writes them."""
+
+    samples: int = 0
+    bytes: int = 0
+    in_flight: int = 0
+    latency_hist: list[int] = field(default_factory=lambda: [0] * _NUM_BUCKETS)
+    retries: collections.Counter[str] = field(default_factory=collections.Counter)
+    errors: collections.Counter[str] = field(default_factory=collections.Counter)
+
+    def note_sample(self, latency: float) -> None:
+        self.samples += 1
+        self.latency_hist[_bucket(latency)] += 1
+
+    def snapshot(self) -> RecorderSnapshot:
+        return RecorderSnapshot(
+            samples=self.samples,
+            bytes=self.bytes,
+            in_flight=self.in_flight,
+            latency_hist=tuple(self.latency_hist),
+            retries=tuple(sorted(self.retries.items())),
+            errors=tuple(sorted(self.errors.items())),
+        )
+
+    def reset(self) -> None:
+        self.samples = self.bytes = self.in_flight = 0
+        self.latency_hist = [0] * _NUM_BUCKETS
+        self.retries.clear()
+        self.errors.clear()
+
+
+recorder = Recorder()
+"""The process's own recorder: counts anything noted outside an engine (``asyncload.read``
+called by the application), and in a worker process, everything (its one engine uses it)."""
+
+_current: contextvars.ContextVar[Recorder] = contextvars.ContextVar(
+    "asyncload_recorder", default=recorder
+)
+
+
+def current() -> Recorder:
+    """The recorder notes go to here: the running engine's, else the process's own."""
+    return _current.get()
+
+
+@contextlib.contextmanager
+def use(rec: Recorder) -> Iterator[Recorder]:
+    """Send notes made in this context (and in tasks it starts) to *rec*."""
+    token = _current.set(rec)
+    try:
+        yield rec
+    finally:
+        _current.reset(token)
+
+
+def note_bytes(n: int) -> None:
+    """Count *n* payload bytes received from storage."""
+    _current.get().bytes += n
+
+
+def note_retry(kind: str) -> None:
+    """Count one retry, by reason (``"503"``, ``"timeout"``, ``"connection"``, ...)."""
+    _current.get().retries[kind] += 1
+
+
+def note_error(kind: str) -> None:
+    """Count one failure that reached the caller, by exception class name."""
+    _current.get().errors[kind] += 1

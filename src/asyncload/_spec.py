@@ -1,0 +1,62 @@
+"""What a pass needs from its loader, as values: :class:`PassSpec`, and torch's length rules."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+__all__ = ["PassSpec", "length_warning", "spec_length"]
+
+
+@dataclass(frozen=True)
+class PassSpec:
+    """What a pass needs from its loader, as values (the loader's arguments, resolved)."""
+
+    dataset: Any
+    is_iterable: bool
+    auto_collation: bool
+    index_sampler: Any
+    batch_size: int | None
+    drop_last: bool
+    collate_fn: Callable[[Any], Any]
+    worker_init_fn: Callable[[int], None] | None
+    num_workers: int
+    max_concurrency: int
+    outstanding_per_worker: int
+    in_order: bool
+    timeout: float
+    persistent: bool
+    pin_device: str | None
+    generator: torch.Generator | None
+    multiprocessing_context: Any = None
+
+
+def spec_length(spec: PassSpec) -> int:
+    """``len(loader)``, taken only when asked: an IterableDataset's ``__len__`` may raise
+    TypeError (every IterDataPipe without a length does), and iterating must still work."""
+    if not spec.is_iterable:
+        return len(spec.index_sampler)
+    length = len(spec.dataset)
+    if spec.batch_size is not None and spec.auto_collation:
+        return length // spec.batch_size if spec.drop_last else -(-length // spec.batch_size)
+    return length
+
+
+def length_warning(spec: PassSpec, reported: int, yielded: int) -> str:
+    """torch's warning when an IterableDataset yields more than ``len(loader)`` said, word for
+    word: code and tests match on it."""
+    text = (
+        f"Length of IterableDataset {spec.dataset} was reported to be {reported}"
+        f"(when accessing len(dataloader)), but {yielded} samples have been fetched. "
+    )
+    if spec.num_workers > 0:
+        text += (
+            "For multiprocessing data-loading, this could be caused by not properly "
+            "configuring the IterableDataset replica at each worker. Please see "
+            "https://pytorch.org/docs/stable/data.html#torch.utils.data.IterableDataset "
+            "for examples."
+        )
+    return text

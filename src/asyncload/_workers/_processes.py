@@ -1,0 +1,227 @@
+"""Worker processes: start, send, receive (unpack and pin), liveness, and the shutdown protocol.
+
+See NOTE [ Data flow and shutdown ] in ``_protocol.py``; :meth:`ProcessWorkers.close` is its
+shutdown sequence, and the only one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pickle
+import queue
+import signal
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+from .. import _shm, _storage
+from .._context import diagnose_pickling
+from .._engine import WorkerConfig
+from .._exceptions import WorkerError
+from .._pin_memory import PinMemoryThread
+from .._protocol import POLL_INTERVAL, Failure, Shutdown
+from .._queues import unpack
+from .._stats import RecorderSnapshot
+from .._worker import worker_main
+
+__all__ = ["PICKLE_WARNING", "ProcessWorkers"]
+
+# Seconds to wait for a worker to exit on its own before terminate(), then kill().
+_JOIN_TIMEOUT = 5.0
+
+PICKLE_WARNING = (  # torch's, word for word: code and tests match on it
+    "Got pickle error when attempting to start a worker Process. "
+    "This might be because the worker Process arguments are not picklable. "
+    "Python 3.14+ changed the multiprocessing start method in non-Mac POSIX platforms "
+    "to 'forkserver', which requires the worker Process arguments to be picklable. "
+    "You can also try multiprocessing.set_start_method('fork')."
+)
+
+
+class ProcessWorkers:
+    """The :class:`~asyncload._workers.Workers` of a pass with ``num_workers > 0``.
+
+    Owns the processes, their queues, the done event, the pin-memory thread and one
+    shared-memory block pool name per worker (NOTE [ Reused shared memory ]). Replies are
+    unpacked (their shared memory mapped) on the pin-memory thread, which also pins them, or
+    without pinning in :meth:`get`, on the training thread.
+
+    Args:
+        configs: One per worker; the process-only fields (pool, environment) are filled here.
+        context: The multiprocessing context to start them with.
+        pin_device: Pin replies for this accelerator, or ``None``.
+        shm_blocks: At most this many shared-memory blocks per worker.
+        sent_objects: The user's objects every worker receives, named for pickling errors.
+    """
+
+    def __init__(
+        self,
+        configs: list[WorkerConfig],
+        *,
+        context: Any,
+        pin_device: str | None,
+        shm_blocks: int,
+        sent_objects: dict[str, Any],
+    ) -> None:
+        # Every field close() touches is set before anything can fail.
+        self.count = len(configs)
+        self.live_stats: Callable[[], RecorderSnapshot] | None = None  # they ride on replies
+        self._closed = False
+        self._procs: list[Any] = []
+        self._index_queues: list[Any] = []
+        self._pin_thread: PinMemoryThread | None = None
+        self._done_event = context.Event()
+        self._result_queue = context.Queue()
+        self._tokens = [f"{os.getpid()}-{id(self):x}-{i}-{os.urandom(4).hex()}" for i in configs]
+        for token in self._tokens:
+            _shm.register_token(token)
+        storage_config = _storage.export_config()
+        environ = dict(os.environ)
+        try:
+            for cfg, token in zip(configs, self._tokens, strict=True):
+                cfg = dataclasses.replace(
+                    cfg,
+                    storage_config=storage_config,
+                    main_pid=os.getpid(),
+                    environ=environ,
+                    shm_token=token,
+                    shm_blocks=shm_blocks,
+                )
+                self._start_one(context, cfg, sent_objects)
+        except BaseException:
+            self.close()
+            raise
+        if pin_device is not None:
+            self._pin_thread = PinMemoryThread(self._result_queue, pin_device)
+            self._replies: Any = self._pin_thread.out
+        else:
+            self._replies = self._result_queue
+        self._last_check = time.monotonic()
+
+    def _start_one(self, context: Any, cfg: WorkerConfig, sent_objects: dict[str, Any]) -> None:
+        index_queue = context.Queue()
+        # Fail fast (or keep going) regardless of a Ctrl-C the main process handles.
+        index_queue.cancel_join_thread()
+        proc = context.Process(
+            target=worker_main,
+            args=(cfg, index_queue, self._result_queue, self._done_event),
+            name=f"asyncload-worker-{cfg.worker_id}",
+            daemon=True,
+        )
+        try:
+            proc.start()
+        except Exception as exc:
+            if isinstance(exc, (OSError, RuntimeError)) and not _is_pickling_error(exc):
+                raise
+            if isinstance(exc, (TypeError, AttributeError, pickle.PicklingError)):
+                warnings.warn(PICKLE_WARNING, stacklevel=6)
+            raise diagnose_pickling(sent_objects, context.get_start_method(), exc) from exc
+        self._index_queues.append(index_queue)
+        self._procs.append(proc)
+
+    @property
+    def pids(self) -> tuple[int, ...]:
+        return tuple(p.pid for p in self._procs)
+
+    def send(self, worker_id: int, msg: object) -> None:
+        token = self._tokens[worker_id]
+        self._index_queues[worker_id].put((_shm.take_freed(token), msg))
+
+    def get(self, timeout: float) -> object | None:
+        try:
+            msg: object = unpack(self._replies.get(timeout=timeout))
+        except queue.Empty:
+            msg = None
+        except Exception as exc:
+            # Unpickling asks the sending worker for its shared memory: if that worker just
+            # died, say so (with its pid and signal) rather than "connection reset".
+            self._raise_if_a_worker_died(exc)
+            raise
+        if isinstance(msg, BaseException):  # the pin-memory thread could not unpack
+            self._raise_if_a_worker_died(msg)
+            raise msg
+        if isinstance(msg, Failure):
+            return msg  # before the liveness check: a worker may exit right after it
+        now = time.monotonic()
+        # Also while replies flow: other workers' batches must not hide a dead one.
+        if msg is None or now - self._last_check >= POLL_INTERVAL:
+            self._last_check = now
+            self.check_alive()
+        return msg
+
+    def _raise_if_a_worker_died(self, cause: BaseException) -> None:
+        deadline = time.monotonic() + 1.0
+        while True:  # a worker killed a moment ago may not have been reaped yet
+            try:
+                self.check_alive()
+            except WorkerError as exc:
+                raise exc from cause
+            if time.monotonic() >= deadline:
+                return
+            time.sleep(0.05)
+
+    def check_alive(self) -> None:
+        if self._pin_thread is not None and not self._pin_thread.is_alive():
+            raise WorkerError("the pin-memory thread exited unexpectedly")
+        for worker_id, w in enumerate(self._procs):
+            if not w.is_alive():
+                raise _died(worker_id, w)
+
+    # ── NOTE [ Data flow and shutdown ], steps 1-4 ────────────────────────────────────────────
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._pin_thread is not None:
+            self._pin_thread.stop()
+        self._done_event.set()
+        for q in self._index_queues:
+            try:
+                q.put(((), Shutdown()))
+            except (OSError, ValueError):  # queue already closed
+                pass
+        deadline = time.monotonic() + _JOIN_TIMEOUT
+        for w in self._procs:
+            w.join(max(deadline - time.monotonic(), 0.0))
+        for w in self._procs:
+            if w.is_alive():
+                w.terminate()
+                w.join(1.0)
+            if w.is_alive():  # pragma: no cover - SIGTERM ignored
+                w.kill()
+                w.join(1.0)
+        for q in [*self._index_queues, self._result_queue]:
+            q.cancel_join_thread()
+            q.close()
+        for token in self._tokens:
+            _shm.unregister_token(token)
+
+
+def _died(worker_id: int, w: Any) -> WorkerError:
+    code = w.exitcode
+    how = f"exit code {code}"
+    if code is not None and code < 0:
+        try:
+            how = f"signal {-code} ({signal.Signals(-code).name})"
+        except ValueError:
+            how = f"signal {-code}"
+    hint = (
+        " SIGKILL often means the out-of-memory killer: lower max_concurrency or "
+        "num_workers, or check `dmesg`."
+        if code == -signal.SIGKILL
+        else ""
+    )
+    return WorkerError(
+        f"DataLoader worker {worker_id} (pid {w.pid}) exited unexpectedly with {how}.{hint}",
+        worker_id=worker_id,
+        pid=w.pid,
+        exitcode=code,
+    )
+
+
+def _is_pickling_error(exc: BaseException) -> bool:
+    text = f"{type(exc).__name__}: {exc}".lower()
+    return "pickl" in text

@@ -1,0 +1,197 @@
+"""The engine on its own: an asyncio queue as its inbox, a list as its output, no processes.
+
+Datasets here sleep for seeded random times, so samples complete out of order as they would
+against a real server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import AsyncIterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+import asyncload
+from asyncload import _metrics
+from asyncload._engine import Engine, WorkerConfig
+from asyncload._protocol import (
+    Exhausted,
+    Failure,
+    IndexTask,
+    IterTask,
+    PassStarted,
+    Result,
+    Shutdown,
+    StartPass,
+)
+
+
+class Jittery(asyncload.Dataset[int]):
+    """Index *i* returns *i* after a seeded random sleep; counts the fetches in flight."""
+
+    def __init__(self, n: int, *, seed: int = 0, bad: tuple[int, ...] = ()) -> None:
+        self.n, self.bad = n, bad
+        self.delays = [random.Random(seed + i).uniform(0.0, 0.02) for i in range(n)]
+        self.in_flight = self.peak = 0
+
+    def __len__(self) -> int:
+        return self.n
+
+    async def __getitem__(self, index: int) -> int:
+        self.in_flight += 1
+        self.peak = max(self.peak, self.in_flight)
+        try:
+            await asyncio.sleep(self.delays[index])
+            if index in self.bad:
+                raise ValueError(f"sample {index} is bad")
+            return index
+        finally:
+            self.in_flight -= 1
+
+
+class Counting(asyncload.IterableDataset[int]):
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    async def __aiter__(self) -> AsyncIterator[int]:
+        for i in range(self.n):
+            await asyncio.sleep(0)
+            yield i
+
+
+def _config(dataset: Any, *, iterable: bool = False, max_concurrency: int = 4) -> WorkerConfig:
+    return WorkerConfig(
+        worker_id=0,
+        num_workers=1,
+        base_seed=0,
+        dataset=dataset,
+        is_iterable=iterable,
+        auto_collation=True,
+        batch_size=3,
+        drop_last=False,
+        collate_fn=list,
+        worker_init_fn=None,
+        max_concurrency=max_concurrency,
+        rank=0,
+        world_size=1,
+        storage_config=None,
+        main_pid=0,
+    )
+
+
+async def _run(cfg: WorkerConfig, messages: list[object], settle: float = 0.0) -> list[Any]:
+    """Feed *messages* to a new engine, then Shutdown once every task has its reply."""
+    out: list[Any] = []
+    engine = Engine(cfg, out.append, "in a test engine")
+    inbox: asyncio.Queue[object] = asyncio.Queue()
+    runner = asyncio.ensure_future(engine.run(inbox))
+    tasks = sum(isinstance(m, IndexTask | IterTask) for m in messages)
+    for m in messages:
+        inbox.put_nowait(m)
+        await asyncio.sleep(settle)
+    for _ in range(500):  # bounded: at most ~5 s
+        if sum(not isinstance(r, PassStarted) for r in out) >= tasks:
+            break
+        await asyncio.sleep(0.01)
+    inbox.put_nowait(Shutdown())
+    await asyncio.wait_for(runner, 5)
+    return out
+
+
+def test_every_task_gets_one_reply_with_bounded_concurrency() -> None:
+    ds = Jittery(30, seed=1)
+    tasks = [IndexTask(k, 0, np.arange(3 * k, 3 * k + 3)) for k in range(10)]
+    out = asyncio.run(_run(_config(ds, max_concurrency=4), list(tasks)))
+    assert sorted(r.send_idx for r in out) == list(range(10))
+    assert all(isinstance(r, Result) for r in out)
+    assert {r.send_idx: r.data for r in out} == {
+        k: [3 * k, 3 * k + 1, 3 * k + 2] for k in range(10)
+    }
+    assert ds.peak == 4  # the slots were all used, never more
+    # Completion order follows the latencies, not the send order.
+    assert [r.send_idx for r in out] != list(range(10))
+
+
+def test_a_failing_sample_fails_its_batch_only() -> None:
+    ds = Jittery(9, seed=2, bad=(4,))
+    tasks = [IndexTask(k, 0, [3 * k, 3 * k + 1, 3 * k + 2]) for k in range(3)]
+    out = asyncio.run(_run(_config(ds), list(tasks)))
+    by_idx = {r.send_idx: r for r in out}
+    assert isinstance(by_idx[1], Failure)
+    assert "while fetching sample 4" in by_idx[1].error.where
+    assert isinstance(by_idx[1].error.exception(), ValueError)
+    assert by_idx[0].data == [0, 1, 2]
+    assert by_idx[2].data == [6, 7, 8]
+
+
+def test_start_pass_drops_the_old_pass_and_acknowledges() -> None:
+    ds = Jittery(30, seed=3)
+    ds.delays = [0.5] * 30  # the old pass's fetches are still running when StartPass arrives
+    messages: list[object] = [
+        IndexTask(0, 0, [0, 1, 2]),
+        StartPass(1, epoch=None, shared_seed=None),
+        IndexTask(0, 0, [3, 4, 5]),  # an old generation's task, arriving late: ignored
+        IndexTask(0, 1, [6, 7, 8]),
+    ]
+    out = asyncio.run(_run(_config(ds), messages, settle=0.01))
+    assert out[0] == PassStarted(1, 0)
+    results = [r for r in out[1:] if isinstance(r, Result)]
+    assert [(r.generation, r.data) for r in results] == [(1, [6, 7, 8])]
+
+
+def test_iterable_batches_then_exhausted() -> None:
+    cfg = _config(Counting(7), iterable=True)
+    out = asyncio.run(_run(cfg, [IterTask(k, 0) for k in range(4)], settle=0.01))
+    assert [type(r) for r in out] == [Result, Result, Result, Exhausted]
+    assert [r.data for r in out[:3]] == [[0, 1, 2], [3, 4, 5], [6]]
+
+
+@pytest.mark.parametrize("bad", [0, 2])
+def test_sample_errors_name_the_sample(bad: int) -> None:
+    out = asyncio.run(_run(_config(Jittery(3, bad=(bad,))), [IndexTask(0, 0, [0, 1, 2])]))
+    (failure,) = out
+    assert isinstance(failure, Failure)
+    assert f"sample {bad}" in failure.error.where
+
+
+# ── counters: each engine its own (no process-wide stats written by several layers) ──────────
+
+
+class _Noting(asyncload.Dataset[int]):
+    """Notes 10 bytes per sample, as the storage layer does for what it reads."""
+
+    def __len__(self) -> int:
+        return 100
+
+    async def __getitem__(self, index: int) -> int:
+        await asyncio.sleep(0)
+        _metrics.note_bytes(10)
+        return index
+
+
+def test_notes_made_by_an_engines_fetches_count_for_that_engine_only() -> None:
+    before = _metrics.recorder.bytes
+    out: list[Any] = []
+
+    async def main() -> _metrics.Recorder:
+        engine = Engine(_config(_Noting()), out.append, "in a test engine")
+        inbox: asyncio.Queue[object] = asyncio.Queue()
+        for k in range(4):
+            inbox.put_nowait(IndexTask(k, 0, [3 * k, 3 * k + 1, 3 * k + 2]))
+        runner = asyncio.ensure_future(engine.run(inbox))
+        for _ in range(500):
+            if len(out) == 4:
+                break
+            await asyncio.sleep(0.01)
+        _metrics.note_bytes(1)  # the application's own read, outside the engine
+        inbox.put_nowait(Shutdown())
+        await asyncio.wait_for(runner, 5)
+        return engine.recorder
+
+    rec = asyncio.run(main())
+    assert rec.bytes == 12 * 10
+    assert rec.samples == 12
+    assert _metrics.recorder.bytes == before + 1
