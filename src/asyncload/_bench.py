@@ -1,6 +1,6 @@
 """``asyncload bench``: which ``max_concurrency`` and ``num_workers`` a store wants.
 
-Each setting reads objects through :class:`asyncload.RemoteFiles` for at most ``samples``
+Each setting reads objects through ``asyncload.RemoteFiles`` for at most ``samples``
 samples or ``seconds`` seconds, whichever comes first, cycling through the objects when there
 are fewer of them. Samples are decoded to their length in the worker, so what is measured is
 fetching, not shipping bytes to the main process. Throughput counts from the first batch on
@@ -131,7 +131,7 @@ def run_bench(urls: list[str], cfg: BenchConfig) -> list[Setting]:
 
 
 def recommend(results: Sequence[Setting]) -> Setting | None:
-    """The cheapest setting within :data:`TOLERANCE` of the best throughput."""
+    """The cheapest setting within ``TOLERANCE`` of the best throughput."""
     ok = [r for r in results if r.error is None and r.samples_per_s > 0]
     if not ok:
         return None
@@ -169,7 +169,7 @@ def bench_table(results: Sequence[Setting]) -> str:
 
 
 def check_plotting() -> None:
-    """Raise :class:`UsageError` now, not after the sweep, when matplotlib is missing."""
+    """Raise ``UsageError`` now, not after the sweep, when matplotlib is missing."""
     try:
         import matplotlib  # noqa: F401
     except ImportError:

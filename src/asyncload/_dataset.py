@@ -2,11 +2,11 @@
 
 ``asyncload.Dataset`` and ``asyncload.IterableDataset`` subclass torch's classes, so samplers,
 ``len()``, ``ConcatDataset`` and type checks keep working. The worker adapts every kind of dataset
-to two coroutine shapes with :func:`fetcher_for` and :func:`aiter_for`:
+to two coroutine shapes with ``fetcher_for`` and ``aiter_for``:
 
 * async ``__getitem__``      → awaited on the worker's event loop;
 * sync ``__getitem__``       → run in the worker's thread pool (the loop keeps fetching);
-* ``__getitems__``           → called once per batch, as torch does (:func:`batch_fetcher_for`);
+* ``__getitems__``           → called once per batch, as torch does (``batch_fetcher_for``);
 * ``Subset``/``ConcatDataset`` → looked through to the datasets inside;
 * async ``__aiter__``        → iterated on the loop; yielded awaitables run concurrently;
 * sync ``__iter__``          → ``next()`` runs in the thread pool.
@@ -54,9 +54,9 @@ class Dataset(torch.utils.data.Dataset[T_co], Generic[T_co]):
 class IterableDataset(torch.utils.data.IterableDataset[T_co], Generic[T_co]):
     """An iterable-style dataset whose ``__aiter__`` is an async generator.
 
-    Every worker iterates its own copy; use :func:`asyncload.shard` so each item is yielded by one
-    worker (and one rank) only. A generator may yield *awaitables* instead of samples: the worker
-    then runs up to ``max_concurrency`` of them at once and keeps their order.
+    Every worker iterates its own copy; use [`asyncload.shard`][asyncload.shard] so each item is
+    yielded by one worker (and one rank) only. A generator may yield *awaitables* instead of
+    samples: the worker then runs up to ``max_concurrency`` of them at once and keeps their order.
 
     Example:
         >>> import asyncload

@@ -115,7 +115,7 @@ def decode_record(index: int, data: bytes) -> tuple[torch.Tensor, int, int, int]
 
 
 class AsyncRecords(Dataset[Any]):
-    """The asyncload side: ``async def __getitem__`` awaits :func:`asyncload.read`."""
+    """The asyncload side: ``async def __getitem__`` awaits ``asyncload.read``."""
 
     def __init__(self, urls: list[str]) -> None:
         self.files = RemoteFiles(urls)  # URLs in two NumPy arrays, not a list of str
@@ -163,7 +163,7 @@ def sample_order(num_objects: int, count: int, seed: int) -> list[int]:
 
 @contextlib.contextmanager
 def embedded_store(*, objects: int, latency: float, seed: int) -> Iterator[str]:
-    """Run :mod:`asyncload._demo_server` in a child process; yield its dataset prefix URL."""
+    """Run ``asyncload._demo_server`` in a child process; yield its dataset prefix URL."""
     script = Path(_demo_server.__file__)
     proc = subprocess.Popen(
         [

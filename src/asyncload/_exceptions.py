@@ -1,4 +1,4 @@
-"""Every error asyncload raises derives from :class:`LoadError`.
+"""Every error asyncload raises derives from ``LoadError``.
 
 Each subclass also inherits the built-in exception a caller already expects, so
 ``except FileNotFoundError`` or ``except TimeoutError`` keep working::
@@ -20,7 +20,7 @@ Each subclass also inherits the built-in exception a caller already expects, so
     ├── NotPicklable                    + TypeError           dataset/collate_fn can't be sent
     └── ArchiveError                    + ValueError          unsafe or corrupt tar shard
 
-Messages never contain credentials: every URL passes through :func:`redact_url`.
+Messages never contain credentials: every URL passes through ``redact_url``.
 """
 
 from __future__ import annotations
@@ -145,7 +145,7 @@ class RequestTimeout(StorageError, Timeout):
 class BatchTimeout(Timeout, RuntimeError):
     """No batch arrived within ``DataLoader(timeout=...)`` seconds.
 
-    Also a :class:`RuntimeError`, which is what torch's DataLoader raises in this case.
+    Also a ``RuntimeError``, which is what torch's DataLoader raises in this case.
     """
 
 

@@ -3,7 +3,7 @@
 The main process runs the sampler, hands index batches to workers round-robin (as torch does),
 keeps ``max_outstanding`` batches sent but not yet yielded, restores sampler order when
 ``in_order=True``, and records progress for checkpoints. See NOTE [ Data flow and shutdown ] in
-``_protocol.py`` for the processes and queues; :meth:`_LoaderIter._shutdown` implements its
+``_protocol.py`` for the processes and queues; ``_LoaderIter._shutdown`` implements its
 shutdown protocol.
 """
 

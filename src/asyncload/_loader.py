@@ -3,7 +3,7 @@
 The main process runs the sampler, hands index batches to workers round-robin, keeps enough
 batches outstanding per worker to fill ``max_concurrency``, restores sampler order
 (``in_order=True``) and yields. See NOTE [ Data flow and shutdown ] in ``_protocol.py`` for the
-processes, queues and the shutdown protocol, which :meth:`LoaderIter._shutdown` implements.
+processes, queues and the shutdown protocol, which ``LoaderIter._shutdown`` implements.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ _HAS_IN_ORDER = "in_order" in inspect.signature(torch.utils.data.DataLoader.__in
 class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
     """torch's DataLoader, fetching up to ``max_concurrency`` samples at once in every worker.
 
-    Every argument shared with :class:`torch.utils.data.DataLoader` has torch's meaning. Each
+    Every argument shared with ``torch.utils.data.DataLoader`` has torch's meaning. Each
     worker process runs one event loop (uvloop where installed) for its whole life; an
     ``async def __getitem__`` is awaited there, a plain one runs in the worker's thread pool.
     With ``num_workers=0`` the same loop runs in a background thread of this process.
@@ -162,7 +162,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
                 fn(epoch)
 
     def state_dict(self) -> dict[str, Any]:
-        """Where the current pass stands, to continue it later with :meth:`load_state_dict`.
+        """Where the current pass stands, to continue it later with ``load_state_dict``.
 
         Only batches already handed to the training loop count as consumed; batches fetched but
         not yet yielded are fetched again after a restore. The dict can be saved with
@@ -192,7 +192,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
         return it.checkpoint(self._epoch_of_pass).to_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue the pass recorded by :meth:`state_dict` at the next ``iter(loader)``.
+        """Continue the pass recorded by ``state_dict`` at the next ``iter(loader)``.
 
         Build the loader with the same dataset, sampler arguments and generator seed; for an
         iterable dataset also the same ``num_workers``.

@@ -154,7 +154,7 @@ class RemoteError:
     """An exception caught in a worker, with where it happened (torch's ``ExceptionWrapper``).
 
     The original exception travels pickled when it can; otherwise it is rebuilt from its type
-    name and message. Either way :meth:`reraise` raises it in the main process with the worker's
+    name and message. Either way ``reraise`` raises it in the main process with the worker's
     traceback as ``__cause__`` and a note naming the worker, its pid and the sample index.
     """
 

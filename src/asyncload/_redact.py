@@ -2,7 +2,7 @@
 
 Object-store URLs carry credentials in two places: the userinfo part (``user:pass@host``) and the
 query string of presigned URLs (``X-Amz-Signature=...``, ``sig=...``, ``token=...``). Every
-message that names a URL goes through :func:`redact_url`.
+message that names a URL goes through ``redact_url``.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """The retry policy every storage request runs under, and the loop that applies it.
 
-Backends make exactly one attempt per call and describe a failure as an :class:`AttemptFailed`
-(what went wrong, whether trying again can help, what the server asked for). :func:`retrying`
+Backends make exactly one attempt per call and describe a failure as an ``AttemptFailed``
+(what went wrong, whether trying again can help, what the server asked for). ``retrying``
 owns the loop: it sleeps with exponential backoff and full jitter, honours ``Retry-After``, counts
-retries in :mod:`asyncload._stats`, and finally raises the public error from
-:mod:`asyncload._exceptions` with the true number of attempts.
+retries in ``asyncload._stats``, and finally raises the public error from
+``asyncload._exceptions`` with the true number of attempts.
 
 What is retried (the same classes botocore's standard mode retries):
 
@@ -88,7 +88,7 @@ class Retry:
 
 
 class AttemptFailed(Exception):
-    """One attempt failed; raised by a backend, consumed by :func:`retrying`.
+    """One attempt failed; raised by a backend, consumed by ``retrying``.
 
     Attributes:
         kind: The public error class to raise if this is the last attempt.
@@ -139,7 +139,7 @@ async def retrying(
 ) -> T:
     """Run ``op()`` until it succeeds or *policy* says stop; raise the public error then.
 
-    Errors that are not :class:`AttemptFailed` propagate unchanged (cancellation included).
+    Errors that are not ``AttemptFailed`` propagate unchanged (cancellation included).
     A caller that made the first attempt itself (a hot path) passes its failure as *first*
     and the attempt's start as *started*.
     """

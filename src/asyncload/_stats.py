@@ -1,9 +1,9 @@
 """Counters every process keeps cheaply, and the frozen snapshot ``DataLoader.stats()`` returns.
 
-Each process (a worker, or the main process for ``num_workers=0``) owns one :class:`Recorder`.
+Each process (a worker, or the main process for ``num_workers=0``) owns one ``Recorder``.
 The storage layer and the worker loop call the ``note_*`` functions on the hot path: each is a
-few integer additions. Workers ship a :class:`RecorderSnapshot` with their results; the main
-process keeps the newest one per worker and merges them in :func:`merge`.
+few integer additions. Workers ship a ``RecorderSnapshot`` with their results; the main
+process keeps the newest one per worker and merges them in ``merge``.
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ def note_error(kind: str) -> None:
 
 @dataclass(frozen=True, slots=True)
 class LoaderStats:
-    """A snapshot of what a :class:`~asyncload.DataLoader` has done since its iterator started.
+    """What a [`DataLoader`][asyncload.DataLoader] has done since its iterator started.
 
     Example:
         >>> s = loader.stats()  # doctest: +SKIP
@@ -161,7 +161,7 @@ def merge(
     wait_s: float,
     ended: float | None = None,
 ) -> LoaderStats:
-    """Combine per-worker snapshots into one :class:`LoaderStats`.
+    """Combine per-worker snapshots into one ``LoaderStats``.
 
     ``ended`` freezes the clock of a finished pass, so its rates stop decaying afterwards.
     """

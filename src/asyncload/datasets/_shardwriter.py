@@ -1,6 +1,6 @@
 """``write_shards``: pack a folder of files, or an iterable of samples, into tar shards.
 
-Writing happens once, offline, from trusted data, so the standard library's :mod:`tarfile` is
+Writing happens once, offline, from trusted data, so the standard library's ``tarfile`` is
 the right tool here (reading is another matter: see ``_tarstream``). Shards are reproducible:
 members are written in key order with a fixed mtime, owner and mode, in POSIX pax format (long
 names are fine).
@@ -73,7 +73,7 @@ def write_shards(
     samples_per_shard: int = 1000,
     prefix: str = "shard-",
 ) -> list[str]:
-    """Write WebDataset-style tar shards that :class:`asyncload.TarShards` reads.
+    """Write WebDataset-style tar shards that [`asyncload.TarShards`][asyncload.TarShards] reads.
 
     Args:
         samples: A folder (its files are grouped by key: ``a/x.jpg`` and ``a/x.cls`` make sample

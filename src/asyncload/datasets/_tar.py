@@ -7,7 +7,7 @@ an epoch can be replayed exactly and resumed by skipping::
     assign shards ──► stream + parse N shards at once ──► round-robin interleave ──►
         [cap at samples_per_rank] ──► [seeded shuffle buffer] ──► [skip] ──► decode ──► yield
 
-Shards are fetched with :func:`asyncload.stream`; each open shard's parser fills a small
+Shards are fetched with ``asyncload.stream``; each open shard's parser fills a small
 byte-bounded buffer of samples while the interleaver takes one sample from each open shard in
 turn, waiting for a slow one rather than taking whichever arrives first.
 """
@@ -93,9 +93,10 @@ class TarShards(IterableDataset[Sample]):
     ``shuffle_buffer`` samples seeded from ``(seed, epoch, rank, world_size, worker,
     num_workers)``. The same arguments give the same order whatever the network timing.
 
-    **Safety.** Absolute paths, ``..``, links, devices and fifos raise :class:`ArchiveError`, as
-    do corrupt headers (naming the shard and the byte offset). Members ending in one of
-    :data:`PICKLE_EXTENSIONS` stay ``bytes`` unless ``allow_pickle=True``.
+    **Safety.** Absolute paths, ``..``, links, devices and fifos raise
+    [`ArchiveError`][asyncload.ArchiveError], as do corrupt headers (naming the shard and the byte
+    offset). Members ending in one of ``PICKLE_EXTENSIONS`` stay ``bytes`` unless
+    ``allow_pickle=True``.
 
     Args:
         urls: Shard URLs (any iterable of ``str`` or a NumPy array), or one brace pattern such as
@@ -109,16 +110,16 @@ class TarShards(IterableDataset[Sample]):
             CPU-heavy decoding (images, audio) overlaps with streaming.
         shards_in_flight: Shards each reader interleaves at once.
         handler: What a corrupt shard, an unsafe member or a failing decoder does: ``"raise"``
-            (default), ``"warn"`` (an :class:`AsyncloadWarning`, then carry on) or ``"skip"``
-            (carry on silently), or ``fn(exc) -> bool`` returning whether to carry on. Carrying
-            on skips the member, the sample or the rest of the shard.
-        allow_pickle: Decode pickle members (``pyd``, ``pickle``, ``pkl`` with :mod:`pickle`;
+            (default), ``"warn"`` (an [`AsyncloadWarning`][asyncload.AsyncloadWarning], then
+            carry on) or ``"skip"`` (carry on silently), or ``fn(exc) -> bool`` returning whether
+            to carry on. Carrying on skips the member, the sample or the rest of the shard.
+        allow_pickle: Decode pickle members (``pyd``, ``pickle``, ``pkl`` with ``pickle``;
             ``pth``, ``pt`` with ``torch.load``). Only for shards you trust.
         samples_per_rank: Yield exactly this many samples per rank and epoch (see above).
         chunk_size: Bytes per streamed chunk.
         buffer_bytes: Bytes of parsed samples each open shard may hold before it waits.
-        storage_options: ``{prefix: options}`` applied with :func:`asyncload.configure_all` in
-            each process that reads.
+        storage_options: ``{prefix: options}`` applied with
+            [`asyncload.configure_all`][asyncload.configure_all] in each process that reads.
 
     Example:
         >>> import asyncload, json
@@ -197,7 +198,7 @@ class TarShards(IterableDataset[Sample]):
         self.epoch = int(epoch)
 
     def shard_indices(self, rank: int, world_size: int, worker: int, num_workers: int) -> list[int]:
-        """Indices into :attr:`urls` that reader ``(rank, worker)`` streams this epoch, in order.
+        """Indices into ``urls`` that reader ``(rank, worker)`` streams this epoch, in order.
 
         Example:
             >>> ds = TarShards([f"/data/{i}.tar" for i in range(10)], seed=1)

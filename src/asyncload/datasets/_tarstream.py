@@ -3,16 +3,16 @@
 ``tarfile`` wants a seekable file (or a blocking stream), and extracting is exactly what a data
 loader must never do with untrusted shards. This reader understands the subset of tar that shards
 use — ustar, GNU (long names ``L``/``K``, base-256 sizes) and POSIX pax (``x``/``g`` records for
-long paths and large sizes) — and hands out members as :class:`Member` in archive
+long paths and large sizes) — and hands out members as ``Member`` in archive
 order. Every other member kind is reported, not acted on, so the caller decides its policy::
 
     chunks ──► _Buffer ──► 512-byte header ──► pax/GNU extensions ──► Member(name, kind, data)
 
 A corrupt header (bad checksum, bad number) or a stream that ends inside a header or a member
-raises :class:`~asyncload.ArchiveError` naming the shard (redacted) and the byte offset.
+raises ``ArchiveError`` naming the shard (redacted) and the byte offset.
 
-Also here, the small pieces ``TarShards`` builds samples with: :func:`split_name` (WebDataset's
-key/extension rule), :func:`expand_urls` (brace patterns) and :class:`Channel` (one shard's
+Also here, the small pieces ``TarShards`` builds samples with: ``split_name`` (WebDataset's
+key/extension rule), ``expand_urls`` (brace patterns) and ``Channel`` (one shard's
 parsed samples on their way to the interleaver).
 """
 
@@ -56,7 +56,7 @@ _KINDS = {
 _GNU_MAGIC = b"ustar  \0"
 _BRACE = re.compile(r"\{([^{}]*)\}")
 END = object()
-"""The last item of a :class:`Channel` whose shard was read to the end."""
+"""The last item of a ``Channel`` whose shard was read to the end."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -297,7 +297,7 @@ def split_name(name: str) -> tuple[str, str] | None:
 
 
 class Failed:
-    """The last item of a :class:`Channel` whose producer failed; ``handled``: the error
+    """The last item of a ``Channel`` whose producer failed; ``handled``: the error
     policy was already applied."""
 
     __slots__ = ("exc", "handled")

@@ -5,9 +5,9 @@ Importing this package registers the built-in backends:
 =====================  ==========================  ==============================
 scheme                 module                      library
 =====================  ==========================  ==============================
-``http``, ``https``    :mod:`._http`               aiohttp
-``s3``, ``gs``, ``az`` :mod:`._s3`                 obstore (optional dependency)
-``file``, plain paths  :mod:`._local`              aiofiles / the default executor
+``http``, ``https``    ``._http``               aiohttp
+``s3``, ``gs``, ``az`` ``._s3``                 obstore (optional dependency)
+``file``, plain paths  ``._local``              aiofiles / the default executor
 =====================  ==========================  ==============================
 
 Example:

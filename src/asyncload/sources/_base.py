@@ -1,8 +1,8 @@
 """What a storage backend is, the options it receives, and the registry of URL schemes.
 
 A backend makes **one attempt** per call and reports failure as
-:class:`~asyncload._retry.AttemptFailed`; retries, stats and the public errors live in
-:mod:`asyncload._storage`. Each backend module maps its library's exceptions in one function
+``AttemptFailed``; retries, stats and the public errors live in
+``asyncload._storage``. Each backend module maps its library's exceptions in one function
 (``map_error``), the way httpcore's ``map_exceptions`` does, so nothing library-specific leaks
 out of the module.
 
@@ -37,7 +37,7 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class ObjectInfo:
-    """What :func:`asyncload.stat` knows about one object.
+    """What [`asyncload.stat`][asyncload.stat] knows about one object.
 
     Example:
         >>> info = await asyncload.stat("s3://bucket/images/0001.jpg")  # doctest: +SKIP
@@ -57,7 +57,7 @@ class ObjectInfo:
 
 @dataclass(frozen=True, slots=True)
 class StorageOptions:
-    """Settings for every URL under one prefix; see :func:`asyncload.configure`.
+    """Settings for every URL under one prefix; see [`asyncload.configure`][asyncload.configure].
 
     Options a backend has no use for are ignored by it (``region`` means nothing to a web
     server). All fields are picklable, so the same settings reach every worker process.
@@ -117,7 +117,7 @@ DEFAULT_OPTIONS = StorageOptions()
 
 class Backend(abc.ABC):
     """One storage protocol. Every method makes a single attempt and may raise
-    :class:`~asyncload._retry.AttemptFailed`; anything else is a bug or a cancellation.
+    ``AttemptFailed``; anything else is a bug or a cancellation.
 
     Example:
         >>> class Memory(Backend):  # doctest: +SKIP
@@ -197,7 +197,7 @@ _SCHEMES: dict[str, str] = {}
 
 
 def backend_for(url: str) -> Backend:
-    """The backend serving *url*; :class:`InvalidURL` lists the schemes there are."""
+    """The backend serving *url*; ``InvalidURL`` lists the schemes there are."""
     if not isinstance(url, str):
         raise InvalidURL(f"a URL must be a str, not {type(url).__name__}: {url!r}")
     try:

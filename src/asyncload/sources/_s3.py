@@ -2,13 +2,13 @@
 
 One store per bucket (container) per process, built on first use from the bucket URL, the cloud's
 standard environment variables, and the options configured for the URL's prefix. obstore's own
-retries are turned off (``max_retries=0``) so that :class:`asyncload.Retry` alone decides, and
+retries are turned off (``max_retries=0``) so that ``asyncload.Retry`` alone decides, and
 the attempt count in errors and stats is the true one.
 
 Fork safety: obstore runs a Tokio runtime in background threads. A process forked from a parent
 that has used obstore inherits the runtime's state without its threads and hangs on first use.
 Worker processes must therefore be started with ``forkserver`` or ``spawn`` (the DataLoader's
-default) whenever the main process touches these URLs, e.g. through :func:`asyncload.list_files`.
+default) whenever the main process touches these URLs, e.g. through ``asyncload.list_files``.
 """
 
 from __future__ import annotations
