@@ -3,7 +3,7 @@
 Each worker process fetches many samples at once from HTTP, S3/GCS/Azure or files, so I/O-bound
 datasets run at the speed of the storage, not of one request at a time.
 
-Example:
+Examples:
     >>> import asyncload
     >>> class Blobs(asyncload.Dataset):
     ...     def __init__(self, urls):

@@ -33,7 +33,7 @@ class Dataset(torch.utils.data.Dataset[T_co], Generic[T_co]):
     Subclasses implement ``async def __getitem__(self, index)`` and ``__len__``. The loader keeps up
     to ``max_concurrency`` of these coroutines in flight per worker, across batches.
 
-    Example:
+    Examples:
         >>> import asyncload
         >>> class Pages(asyncload.Dataset):
         ...     def __init__(self, urls):
@@ -58,7 +58,7 @@ class IterableDataset(torch.utils.data.IterableDataset[T_co], Generic[T_co]):
     yielded by one worker (and one rank) only. A generator may yield *awaitables* instead of
     samples: the worker then runs up to ``max_concurrency`` of them at once and keeps their order.
 
-    Example:
+    Examples:
         >>> import asyncload
         >>> class Lines(asyncload.IterableDataset):
         ...     def __init__(self, urls):

@@ -49,7 +49,7 @@ __all__ = [
 class LoadError(Exception):
     """Root of every error raised by asyncload.
 
-    Example:
+    Examples:
         >>> try:
         ...     raise NotFound("missing", url="s3://bucket/key", status=404)
         ... except LoadError as exc:

@@ -44,7 +44,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
             ``prefetch_factor`` follows from it: ``ceil(max_concurrency / batch_size) + 1``
             batches outstanding per worker.
 
-    Example:
+    Examples:
         >>> import asyncload
         >>> class Blobs(asyncload.Dataset):
         ...     def __init__(self, urls):
@@ -168,7 +168,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
         not yet yielded are fetched again after a restore. The dict can be saved with
         ``torch.save``.
 
-        Example:
+        Examples:
             >>> torch.save(loader.state_dict(), "loader.pt")  # doctest: +SKIP
             >>> loader = asyncload.DataLoader(dataset, batch_size=32)  # doctest: +SKIP
             >>> loader.load_state_dict(torch.load("loader.pt"))  # doctest: +SKIP

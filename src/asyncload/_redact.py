@@ -69,7 +69,7 @@ def redact_url(text: str) -> str:
 
     Works on a bare URL or on free text that contains URLs (a library's error message).
 
-    Example:
+    Examples:
         >>> redact_url("https://user:pw@host/a?X-Amz-Signature=abc&x=1")
         'https://REDACTED@host/a?X-Amz-Signature=REDACTED&x=1'
     """

@@ -47,7 +47,7 @@ class Retry:
     ``Retry-After`` longer than ``max_retry_after`` ends the retries at once instead of hammering
     the server early.
 
-    Example:
+    Examples:
         >>> import asyncload
         >>> patient = asyncload.Retry(attempts=10, backoff=0.5, deadline=120.0)
         >>> asyncload.configure("s3://flaky-bucket", retry=patient)  # doctest: +SKIP

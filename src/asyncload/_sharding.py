@@ -27,7 +27,7 @@ class WorkerInfo:
 
     The first four fields are torch's ``WorkerInfo`` fields with the same meaning.
 
-    Example:
+    Examples:
         >>> info = asyncload.get_worker_info()  # doctest: +SKIP
         >>> info.id, info.num_workers, info.rank, info.world_size  # doctest: +SKIP
         (1, 2, 0, 1)
@@ -103,7 +103,7 @@ def shard(items: Any) -> Any:
     list and each item is yielded by exactly one worker of one rank. Sequences and NumPy arrays are
     sliced (a view, no copy); other iterables and async iterables are filtered lazily.
 
-    Example:
+    Examples:
         >>> class Urls(asyncload.IterableDataset):
         ...     def __init__(self, urls):
         ...         self.urls = urls

@@ -107,7 +107,7 @@ def note_error(kind: str) -> None:
 class LoaderStats:
     """What a [`DataLoader`][asyncload.DataLoader] has done since its iterator started.
 
-    Example:
+    Examples:
         >>> s = loader.stats()  # doctest: +SKIP
         >>> print(f"{s.samples_per_s:.0f}/s, p99 {s.latency_p99:.3f} s")  # doctest: +SKIP
     """

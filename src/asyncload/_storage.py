@@ -93,7 +93,7 @@ def configure(prefix: str, options: StorageOptions | None = None, /, **kwargs: A
             ``region``, ``credentials``, ``headers``, ``connect_timeout``, ``read_timeout``,
             ``retry``, ...).
 
-    Example:
+    Examples:
         >>> import asyncload
         >>> asyncload.configure(
         ...     "s3://my-bucket", endpoint="http://127.0.0.1:9000", region="us-east-1",
@@ -120,7 +120,7 @@ def configure_all(storage_options: Mapping[str, StorageOptions | Mapping[str, An
 
     The mapping is what datasets take as ``storage_options=``.
 
-    Example:
+    Examples:
         >>> asyncload.configure_all({"s3://bucket": {"region": "eu-west-1"}})  # doctest: +SKIP
     """
     for prefix, options in storage_options.items():
@@ -211,7 +211,7 @@ async def read(url: str, *, start: int | None = None, end: int | None = None) ->
         PermissionDenied: Missing or refused credentials (a ``PermissionError``).
         StorageError: Any other failure, after the retries; see ``asyncload._exceptions``.
 
-    Example:
+    Examples:
         >>> header = await asyncload.read("s3://bucket/shard-0001.tar", end=512)  # doctest: +SKIP
     """
     _check_range(start, end)
@@ -243,7 +243,7 @@ async def stream(url: str, *, chunk_size: int = 1 << 20) -> AsyncIterator[bytes]
     the same [`Retry`][asyncload.Retry] policy as [`read`][asyncload.read]; a chunk is never
     delivered twice.
 
-    Example:
+    Examples:
         >>> async for chunk in asyncload.stream("https://host/big.bin"):  # doctest: +SKIP
         ...     digest.update(chunk)
     """
@@ -278,7 +278,7 @@ async def stream(url: str, *, chunk_size: int = 1 << 20) -> AsyncIterator[bytes]
 async def stat(url: str) -> ObjectInfo:
     """Size, etag and modification time of the object at *url*.
 
-    Example:
+    Examples:
         >>> info = await asyncload.stat("s3://bucket/key")  # doctest: +SKIP
         >>> info.size  # doctest: +SKIP
         1048576
@@ -291,7 +291,7 @@ async def stat(url: str) -> ObjectInfo:
 async def list_files_async(prefix_url: str) -> list[str]:
     """The sorted full URLs of every object under *prefix_url* (a "directory").
 
-    Example:
+    Examples:
         >>> urls = await asyncload.list_files_async("s3://bucket/train/")  # doctest: +SKIP
     """
     backend = _backend(prefix_url)
@@ -324,7 +324,7 @@ def list_files(prefix_url: str) -> list[str]:
         process; a worker *forked* from it afterwards would hang. The DataLoader starts its
         workers with ``forkserver`` by default, which is safe.
 
-    Example:
+    Examples:
         >>> import asyncload
         >>> urls = asyncload.list_files("s3://bucket/train/")  # doctest: +SKIP
         >>> dataset = asyncload.RemoteFiles(urls)  # doctest: +SKIP

@@ -50,7 +50,7 @@ class RemoteFiles(Dataset[Any]):
             [`asyncload.configure_all`][asyncload.configure_all] in each process that reads from
             this dataset.
 
-    Example:
+    Examples:
         >>> import asyncload, io
         >>> from PIL import Image  # doctest: +SKIP
         >>> def decode(data):
@@ -92,7 +92,7 @@ class RemoteFiles(Dataset[Any]):
         applied in this process first). See that function's note on forking after listing object
         stores.
 
-        Example:
+        Examples:
             >>> ds = asyncload.RemoteFiles.from_prefix("s3://bucket/val/")  # doctest: +SKIP
         """
         if storage_options:

@@ -86,7 +86,7 @@ def write_shards(
     Returns:
         The paths of the shards written, in order.
 
-    Example:
+    Examples:
         >>> from asyncload.datasets import write_shards
         >>> paths = write_shards(  # doctest: +SKIP
         ...     ({"__key__": f"{i:05d}", "txt": f"sample {i}", "cls": i % 10} for i in range(2500)),

@@ -121,7 +121,7 @@ class TarShards(IterableDataset[Sample]):
         storage_options: ``{prefix: options}`` applied with
             [`asyncload.configure_all`][asyncload.configure_all] in each process that reads.
 
-    Example:
+    Examples:
         >>> import asyncload, json
         >>> ds = asyncload.TarShards(
         ...     "s3://bucket/train-{000000..000099}.tar",
@@ -200,7 +200,7 @@ class TarShards(IterableDataset[Sample]):
     def shard_indices(self, rank: int, world_size: int, worker: int, num_workers: int) -> list[int]:
         """Indices into ``urls`` that reader ``(rank, worker)`` streams this epoch, in order.
 
-        Example:
+        Examples:
             >>> ds = TarShards([f"/data/{i}.tar" for i in range(10)], seed=1)
             >>> sorted(ds.shard_indices(0, 2, 0, 1) + ds.shard_indices(1, 2, 0, 1)) != []
             True

@@ -267,7 +267,7 @@ async def iter_members(chunks: AsyncIterator[bytes], url: str) -> AsyncGenerator
 def expand_urls(pattern: str) -> list[str]:
     """Expand ``{000..099}`` ranges (zero padding kept) and ``{a,b}`` lists, as webdataset does.
 
-    Example:
+    Examples:
         >>> expand_urls("s3://bucket/train-{00..02}.tar")
         ['s3://bucket/train-00.tar', 's3://bucket/train-01.tar', 's3://bucket/train-02.tar']
     """

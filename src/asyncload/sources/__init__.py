@@ -10,7 +10,7 @@ scheme                 module                      library
 ``file``, plain paths  ``._local``              aiofiles / the default executor
 =====================  ==========================  ==============================
 
-Example:
+Examples:
     >>> from asyncload.sources import Backend, register
     >>> class Memory(Backend):  # doctest: +SKIP
     ...     ...

@@ -39,7 +39,7 @@ __all__ = [
 class ObjectInfo:
     """What [`asyncload.stat`][asyncload.stat] knows about one object.
 
-    Example:
+    Examples:
         >>> info = await asyncload.stat("s3://bucket/images/0001.jpg")  # doctest: +SKIP
         >>> info.size, info.etag  # doctest: +SKIP
         (48213, '"9b2cf535f27731c974343645a3985328"')
@@ -62,7 +62,7 @@ class StorageOptions:
     Options a backend has no use for are ignored by it (``region`` means nothing to a web
     server). All fields are picklable, so the same settings reach every worker process.
 
-    Example:
+    Examples:
         >>> import asyncload
         >>> opts = asyncload.StorageOptions(endpoint="http://127.0.0.1:9000", read_timeout=10.0)
         >>> asyncload.configure("s3://my-bucket", opts)  # doctest: +SKIP
@@ -119,7 +119,7 @@ class Backend(abc.ABC):
     """One storage protocol. Every method makes a single attempt and may raise
     ``AttemptFailed``; anything else is a bug or a cancellation.
 
-    Example:
+    Examples:
         >>> class Memory(Backend):  # doctest: +SKIP
         ...     async def read(self, url, start, end, options):
         ...         return OBJECTS[url][start or 0 : end]

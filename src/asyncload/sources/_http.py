@@ -69,7 +69,7 @@ async def _close_at_loop_shutdown(session: aiohttp.ClientSession) -> AsyncIterat
 class HttpBackend(Backend):
     """aiohttp-based backend for ``http`` and ``https`` URLs.
 
-    Example:
+    Examples:
         >>> data = await asyncload.read("https://example.com/data/0001.bin")  # doctest: +SKIP
     """
 

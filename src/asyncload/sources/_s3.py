@@ -169,7 +169,7 @@ def map_error(exc: BaseException, scheme: str = "s3") -> AttemptFailed:
 class ObjectStoreBackend(Backend):
     """obstore-based backend for S3 (and S3-compatible), Google Cloud Storage and Azure Blob.
 
-    Example:
+    Examples:
         >>> asyncload.configure("s3://bucket", endpoint="http://127.0.0.1:9000")  # doctest: +SKIP
         >>> data = await asyncload.read("s3://bucket/train/0001.jpg")  # doctest: +SKIP
     """
