@@ -231,7 +231,7 @@ def test_plot_without_matplotlib(
 ) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import fails as if not installed
     msg = _fails(["bench", str(tmp_path), "--plot=out.png"], capsys)
-    assert "asyncload[plot]" in msg
+    assert "asyncload-torch[plot]" in msg
 
 
 def test_console_script_is_installed() -> None:

@@ -173,7 +173,7 @@ def check_plotting() -> None:
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        raise UsageError("--plot needs matplotlib: pip install 'asyncload[plot]'") from None
+        raise UsageError("--plot needs matplotlib: pip install 'asyncload-torch[plot]'") from None
 
 
 def plot(results: Sequence[Setting], path: str) -> None:

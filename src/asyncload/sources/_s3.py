@@ -75,7 +75,7 @@ def _build_store(scheme: str, bucket: str, options: StorageOptions) -> Any:
         from obstore.store import from_url
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise AttemptFailed(
-            InvalidURL, f"{scheme}:// URLs need obstore: pip install 'asyncload[s3]' ({exc})"
+            InvalidURL, f"{scheme}:// URLs need obstore: pip install 'asyncload-torch[s3]' ({exc})"
         ) from exc
     config: dict[str, Any] = {}
     allow_http = options.allow_http
