@@ -53,6 +53,7 @@ from ._storage import (
     stat,
     stream,
 )
+from ._sync import read_sync
 from .datasets import RemoteFiles, TarShards, write_shards
 
 __version__ = "0.1.0"
@@ -91,6 +92,7 @@ __all__ = [
     "list_files",
     "list_files_async",
     "read",
+    "read_sync",
     "redact_url",
     "shard",
     "stat",

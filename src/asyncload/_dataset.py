@@ -50,6 +50,14 @@ class Dataset(torch.utils.data.Dataset[T_co], Generic[T_co]):
     def __len__(self) -> int:
         raise NotImplementedError(f"{type(self).__name__} must implement __len__")
 
+    def __getitems__(self, indices: list[Any]) -> list[Any]:
+        # Only torch's own DataLoader calls this (asyncload's worker awaits __getitem__ instead,
+        # see batch_fetcher_for): run the coroutines one at a time on a private loop, so a plain
+        # DataLoader (as trainers build) still gets samples, not coroutines. See _plain.py.
+        from ._plain import getitems_sync
+
+        return getitems_sync(self, indices)
+
 
 class IterableDataset(torch.utils.data.IterableDataset[T_co], Generic[T_co]):
     """An iterable-style dataset whose ``__aiter__`` is an async generator.
@@ -116,8 +124,10 @@ def batch_fetcher_for(dataset: Any) -> Callable[[list[Any]], Awaitable[list[Any]
     """``async fetch(indices)`` when the dataset defines ``__getitems__`` (torch's batched
     access, which Hugging Face datasets implement), else ``None``."""
     getitems = getattr(type(dataset), "__getitems__", None)
-    if getitems is None or isinstance(
-        dataset, (torch.utils.data.Subset, torch.utils.data.ConcatDataset)
+    if (
+        getitems is None
+        or getitems is Dataset.__getitems__
+        or isinstance(dataset, (torch.utils.data.Subset, torch.utils.data.ConcatDataset))
     ):
         return None  # looked through per sample by fetcher_for
     if inspect.iscoroutinefunction(getitems):
