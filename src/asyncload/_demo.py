@@ -33,6 +33,7 @@ import torch.utils.data
 from torch import nn
 
 from . import _demo_server, _storage
+from ._bench import fmt_ms
 from ._console import Progress, UsageError, find_objects, read_sync, render_table
 from ._context import resolve_context
 from ._dataset import Dataset
@@ -249,6 +250,13 @@ def train(
     loss = torch.tensor(float("nan"))
     delivered = 0
     stats: LoaderStats | None = None
+    if loader.num_workers:
+        # The first batch waits for the workers to start: say so rather than sit silent.
+        print(
+            f"{name:>9}: starting {_workers(loader.num_workers)}, then training…",
+            file=sys.stderr,
+            flush=True,
+        )
     t0 = time.perf_counter()
     it = iter(loader)  # starts the workers: part of the wait, as in `for batch in loader`
     tw = t0
@@ -335,6 +343,13 @@ def _run_demo(cfg: DemoConfig) -> tuple[RunResult, RunResult, str]:
             f"{_workers(cfg.workers)}",
             file=sys.stderr,
         )
+        if cfg.workers > 0:
+            print(
+                "asyncload demo: starting the fork server, which imports torch once for both "
+                "loaders' workers (a few seconds)…",
+                file=sys.stderr,
+                flush=True,
+            )
         common: dict[str, Any] = {
             "batch_size": cfg.batch_size,
             "sampler": order,
@@ -385,7 +400,7 @@ def demo_table(fast: RunResult, slow: RunResult, cfg: DemoConfig) -> str:
     ]  # fmt: skip
     s = f.stats
     if s is not None:
-        latency = f"{s.latency_p50 * 1e3:.0f}/{s.latency_p99 * 1e3:.0f}"
+        latency = f"{fmt_ms(s.latency_p50)}/{fmt_ms(s.latency_p99)}"
         rows.append(["fetch latency p50/p99 (ms)", latency, "—", ""])
     table = render_table(["", "asyncload", "torch", "asyncload ÷ torch"], rows)
     notes = [
