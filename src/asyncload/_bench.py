@@ -49,9 +49,9 @@ OBJECTIVES = {
 # Below this share of the best throughput, "balanced" does not consider a setting.
 BALANCED_FLOOR = 0.5
 
-# Linux retransmits an unanswered SYN after 1 s, then 2 s more (3 s in all): a connection the
-# server's full listen queue dropped shows up as a fetch that took about that much longer.
-SYN_RETRY_MARKS = (1.0, 3.0)
+# Linux retransmits an unanswered SYN after 1 s, then 2, 4, 8, 16 s more: a connection that the
+# server's full listen queue dropped shows up as a fetch about 1, 3, 7, 15 or 31 s slower.
+SYN_RETRY_MARKS = (1.0, 3.0, 7.0, 15.0, 31.0)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -179,20 +179,24 @@ def recommend(results: Sequence[Setting], objective: str = "balanced") -> Settin
 
 
 def backlog_suspects(results: Sequence[Setting]) -> list[Setting]:
-    """Settings whose tail latency sits about 1 s or 3 s above the median: dropped SYNs."""
+    """Settings with a latency percentile at a SYN-retry mark above the store's own latency.
+
+    The store's own latency is the lowest p50 of the sweep; it must be well under a second, or
+    a slow store could not be told from dropped connections.
+    """
+    ok = [r for r in results if r.error is None and r.stats is not None and r.stats.samples]
+    if not ok:
+        return []
+    base = min(r.stats.latency_p50 for r in ok if r.stats is not None)
+    if base >= 0.3:
+        return []
     out = []
-    for r in results:
-        s = r.stats
-        if r.error is not None or s is None or not s.samples:
-            continue
-        for tail in (s.latency_p95, s.latency_p99):
-            extra = tail - s.latency_p50
-            # Histogram buckets are ±9% wide; the retry waits are exact.
-            if any(
-                0.85 * m <= extra <= 1.3 * m and s.latency_p50 < 0.5 * m for m in SYN_RETRY_MARKS
-            ):
-                out.append(r)
-                break
+    for r in ok:
+        assert r.stats is not None
+        tails = (r.stats.latency_p50, r.stats.latency_p95, r.stats.latency_p99)
+        # Histogram buckets are ±9% wide; the retry waits themselves are exact.
+        if any(0.9 * m <= t - base <= 1.3 * m for t in tails for m in SYN_RETRY_MARKS):
+            out.append(r)
     return out
 
 

@@ -264,10 +264,11 @@ def _bench(args: argparse.Namespace) -> int:
         assert r.stats is not None
         print(
             f"note: at num_workers={r.workers}, max_concurrency={r.concurrency} fetch latencies "
-            f"cluster about 1 s or 3 s above the median (p50 {fmt_ms(r.stats.latency_p50)} ms, "
-            f"p99 {fmt_ms(r.stats.latency_p99)} ms), the kernel's SYN retry delays: the "
-            "server's listen backlog looks full. Raise the server's backlog (python -m "
-            "http.server has 5) or lower max_concurrency; see docs/troubleshooting.md."
+            f"sit at the kernel's SYN retry marks, 1 s, 3 s, 7 s... above the store's own "
+            f"(p50 {fmt_ms(r.stats.latency_p50)} ms, p99 {fmt_ms(r.stats.latency_p99)} ms): the "
+            "server's listen backlog looks full, and dropped connections wait to be retried. "
+            "Raise the server's backlog (python -m http.server's is 5) or lower "
+            "max_concurrency; see Troubleshooting in the docs."
         )
     best = recommend(results, args.objective)
     if best is None:
@@ -277,8 +278,9 @@ def _bench(args: argparse.Namespace) -> int:
     print(
         f"recommended: num_workers={best.workers}, max_concurrency={best.concurrency} "
         f"({best.samples_per_s:,.0f} samples/s, p50 {fmt_ms(best.stats.latency_p50)} ms; "
-        f"objective {args.objective}: {OBJECTIVES[args.objective]})"
+        f"objective {args.objective})"
     )
+    print(f"  {args.objective}: {OBJECTIVES[args.objective]}")
     if args.plot:
         plot(results, args.plot)
         print(f"plot: {args.plot}")

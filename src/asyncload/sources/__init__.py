@@ -19,6 +19,7 @@ Examples:
 
 from __future__ import annotations
 
+from .._retry import AttemptFailed
 from . import _http, _local, _s3  # noqa: F401 - importing registers the backends
 from ._base import (
     Backend,
@@ -30,6 +31,7 @@ from ._base import (
 )
 
 __all__ = [
+    "AttemptFailed",
     "Backend",
     "ObjectInfo",
     "StorageOptions",
