@@ -225,6 +225,14 @@ def test_bad_options(argv: list[str], needle: str, capsys: pytest.CaptureFixture
     assert needle in _fails(argv, capsys)
 
 
+@pytest.mark.parametrize("command", ["demo", "bench", "serve"])
+def test_help_of_every_command(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        cli.main([command, "--help"])
+    assert info.value.code == 0
+    assert f"usage: asyncload {command}" in capsys.readouterr().out
+
+
 def test_no_command_prints_help(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main([]) == 2
     assert "demo" in capsys.readouterr().err

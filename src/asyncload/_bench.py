@@ -42,8 +42,7 @@ TOLERANCE = 0.05
 
 # What `--objective` can ask for, and the one sentence that says how each picks.
 OBJECTIVES = {
-    "balanced": "the most samples/s per ms of p50 latency among settings with at least half the "
-    "best samples/s (the knee: past it, more requests in flight mostly queue)",
+    "balanced": "most samples/s per ms of p50 latency, of settings with ≥ ½ the best samples/s",
     "throughput": "the cheapest setting within 5% of the best samples/s, whatever its latency",
 }
 # Below this share of the best throughput, "balanced" does not consider a setting.

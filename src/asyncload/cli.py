@@ -173,7 +173,8 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     bench.add_argument(
         "--objective", choices=tuple(OBJECTIVES), default="balanced",
-        help="; ".join(f"{k}: {v}" for k, v in OBJECTIVES.items()) + " (default: balanced)",
+        help="; ".join(f"{k}: {v}" for k, v in OBJECTIVES.items()).replace("%", "%%")
+        + " (default: balanced)",
     )  # fmt: skip
     bench.add_argument("--plot", metavar="OUT.png", help="draw samples/s against concurrency")
     _add_progress(bench)
