@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 # Azurite (the Azure Storage emulator) for the az:// tests, from the npm registry.
 AZURITE := .azurite/.installed-3.37.0
 
-.PHONY: demo test lint typecheck docs pytest bench clean
+.PHONY: demo test lint typecheck docs pytest bench clean lock lowest
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -27,8 +27,9 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# No --quiet: it hides the warnings that --strict counts, and then nothing can fail the build.
 docs: $(STAMP)
-	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir .site
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir .site
 
 $(AZURITE):
 	npm install --prefix .azurite --no-audit --no-fund --silent azurite@3.37.0
@@ -44,5 +45,30 @@ bench: $(STAMP) $(AZURITE)
 	$(BIN)/python benchmarks/bench_tails.py
 	$(BIN)/python benchmarks/bench_cache.py
 
+# constraints.txt pins the whole tree (every Python version ≥ 3.10, every platform); torch stays
+# at the version whose CPU wheel pip finds locally. Run after changing a dependency.
+lock: $(STAMP)
+	echo 'torch==2.13.0' > .torch-pin.txt
+	$(BIN)/uv pip compile pyproject.toml --extra dev --extra plot -c .torch-pin.txt --universal \
+		--python-version 3.10 --no-annotate --custom-compile-command 'make lock' -o constraints.txt
+	rm -f .torch-pin.txt
+
+# The lowest versions pyproject.toml allows of the libraries asyncload calls into, in a venv of
+# their own, against the storage and loader tests (CI runs this after `make test`).
+LOWEST      := aiohttp obstore numpy uvloop aiofiles
+LOWEST_VENV := .venv-lowest
+lowest: $(STAMP)
+	rm -rf $(LOWEST_VENV)
+	$(PYTHON) -m venv $(LOWEST_VENV)
+	$(BIN)/python .ci/lowest_pins.py $(LOWEST) > $(LOWEST_VENV)/lowest.txt
+	$(LOWEST_VENV)/bin/python -m pip install -qq -c constraints.txt \
+		torch pytest pytest-asyncio pytest-timeout psutil 'moto[server,s3]'
+	# Unconstrained: the lock's pins of their own dependencies (multidict...) may be too new.
+	$(LOWEST_VENV)/bin/python -m pip install -qq -r $(LOWEST_VENV)/lowest.txt
+	$(LOWEST_VENV)/bin/python -m pip check
+	$(LOWEST_VENV)/bin/python -m pip list 2>/dev/null | grep -i -E '^($(subst $(eval) ,|,$(LOWEST))) '
+	PYTHONPATH=$(CURDIR)/src $(LOWEST_VENV)/bin/python -m pytest -q -p no:cacheprovider \
+		tests/sources tests/test_loader.py tests/test_read_sync.py
+
 clean:
-	rm -rf $(VENV) .site .mypy_cache .ruff_cache .pytest_cache .azurite
+	rm -rf $(VENV) $(LOWEST_VENV) .site .mypy_cache .ruff_cache .pytest_cache .azurite

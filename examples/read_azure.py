@@ -1,6 +1,6 @@
 """Read from Azure Blob Storage — here Azurite on 127.0.0.1 — and run a DataLoader epoch.
 
-Needs ``pip install 'asyncload[s3]'`` and Azurite (``make test`` installs it into
+Needs ``pip install 'asyncload-torch[s3]'`` and Azurite (``make test`` installs it into
 ``.azurite/``; or ``npm install --prefix .azurite azurite``). Against real Azure, drop the
 server and the ``endpoint``: set ``AZURE_STORAGE_ACCOUNT_NAME`` and a key, SAS or identity.
 

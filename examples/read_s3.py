@@ -1,6 +1,6 @@
 """Read from S3 — here moto's S3 server on 127.0.0.1 — and run a DataLoader epoch over it.
 
-Needs ``pip install 'asyncload[s3]' 'moto[server]'``. Against real S3, drop the server and the
+Needs ``pip install 'asyncload-torch[s3]' 'moto[server]'``. Against real S3, drop the server and the
 ``configure`` call: credentials and region come from the usual AWS environment variables.
 
     python examples/read_s3.py

@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -75,6 +76,9 @@ def test_demo_end_to_end_table_is_consistent() -> None:
     assert bars[-1].split()[2] == f"{asked}/{asked}"
     assert "in flight" in bars[-1]
     assert "Traceback" not in proc.stderr
+    # Worker start-up is announced, not silent (it takes seconds on a small machine).
+    assert "starting the fork server" in proc.stderr
+    assert "asyncload: starting 1 worker" in proc.stderr
 
 
 def _store(server: ObjectServer, count: int, *, size: int = 1000) -> str:
@@ -221,6 +225,14 @@ def test_bad_options(argv: list[str], needle: str, capsys: pytest.CaptureFixture
     assert needle in _fails(argv, capsys)
 
 
+@pytest.mark.parametrize("command", ["demo", "bench", "serve"])
+def test_help_of_every_command(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        cli.main([command, "--help"])
+    assert info.value.code == 0
+    assert f"usage: asyncload {command}" in capsys.readouterr().out
+
+
 def test_no_command_prints_help(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main([]) == 2
     assert "demo" in capsys.readouterr().err
@@ -231,7 +243,7 @@ def test_plot_without_matplotlib(
 ) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import fails as if not installed
     msg = _fails(["bench", str(tmp_path), "--plot=out.png"], capsys)
-    assert "asyncload[plot]" in msg
+    assert "asyncload-torch[plot]" in msg
 
 
 def test_console_script_is_installed() -> None:
@@ -243,3 +255,117 @@ def test_console_script_is_installed() -> None:
     )
     assert proc.returncode == 0
     assert proc.stdout.startswith("asyncload ")
+
+
+# ── serve, and what bench makes of the numbers ────────────────────────────────────────────
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_serve_then_bench_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    folder = tmp_path / "data"
+    (folder / "sub").mkdir(parents=True)
+    for i in range(12):
+        (folder / ("sub" if i % 2 else "") / f"{i:02d}.bin").write_bytes(bytes([i]) * 500)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "asyncload", "serve", str(folder), "--latency=5", "--port=0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    try:
+        assert proc.stdout is not None
+        first = proc.stdout.readline()  # the server prints its URL once it listens
+        match = re.search(r"at (http://127\.0\.0\.1:\d+/) \(12 files, 5 ms latency\)", first)
+        assert match, (first, proc.poll())
+        url = match.group(1)
+        argv = ["bench", f"{url}manifest.txt", "--concurrency=1,4", "--workers=0"]
+        argv += ["--samples=48", "--batch-size=8", "--progress=never"]
+        code = cli.main(argv)
+        out, err = capsys.readouterr()
+        assert code == 0, err
+        rows = [line.split() for line in out.splitlines() if re.match(r"^0\s+\d+\s", line)]
+        assert [r[1] for r in rows] == ["1", "4"]
+        for r in rows:
+            assert float(r[3].replace(",", "")) == pytest.approx(
+                float(r[2].replace(",", "")) * 500e-6, rel=0.05, abs=0.01
+            )  # every object (in sub/ too) was served whole
+            assert 5 <= float(r[4]) < 1000  # the 5 ms latency, at 2 significant digits
+        assert re.search(
+            r"^recommended: num_workers=0, max_concurrency=[14] .*objective balanced", out, re.M
+        )
+        assert "listen backlog" not in out
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+
+
+def test_serve_bad_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert "not a directory" in _fails(["serve", str(tmp_path / "nope")], capsys)
+    assert "no files" in _fails(["serve", str(tmp_path)], capsys)
+
+
+def test_serve_folder_objects_and_demo_data(tmp_path: Path) -> None:
+    from asyncload._serve import FolderObjects
+
+    (tmp_path / "a.txt").write_bytes(b"A")
+    objects = FolderObjects(tmp_path)
+    assert objects["manifest.txt"] == b"a.txt\n"
+    assert objects["a.txt"] == b"A"
+    assert objects.get("../a.txt") is None  # only files found under the folder at start
+    (tmp_path / "manifest.txt").write_bytes(b"a.txt\n# mine\n")
+    assert FolderObjects(tmp_path)["manifest.txt"] == b"a.txt\n# mine\n"  # its own is kept
+
+
+def _setting(workers: int, conc: int, rate: float, p50: float, p99: float) -> Any:
+    from asyncload._bench import Setting
+    from asyncload._stats import LoaderStats
+
+    stats = LoaderStats(
+        elapsed_s=1.0, samples=1000, bytes=0, batches=10, samples_per_s=rate, bytes_per_s=0.0,
+        in_flight=(0,), latency_p50=p50, latency_p95=p99, latency_p99=p99, retries={},
+        errors={}, wait_s=0.0,
+    )  # fmt: skip
+    return Setting(workers, conc, 1000, rate, 0.0, 0.0, stats)
+
+
+def test_objectives_weigh_latency_or_not() -> None:
+    from asyncload._bench import recommend
+
+    # The sweep: +50% samples/s for 27× the latency.
+    results = [_setting(1, 4, 100.0, 0.024, 0.03), _setting(1, 64, 150.0, 0.655, 0.8)]
+    assert recommend(results, "balanced").concurrency == 4
+    assert recommend(results, "throughput").concurrency == 64
+    # Latency that does not grow with concurrency: balanced takes the faster one too.
+    flat = [_setting(1, 4, 40.0, 0.1, 0.12), _setting(1, 64, 600.0, 0.1, 0.12)]
+    assert recommend(flat, "balanced").concurrency == 64
+
+
+def test_backlog_note_and_latency_resolution() -> None:
+    from asyncload._bench import backlog_suspects, fmt_ms
+
+    fine = _setting(1, 8, 300.0, 0.02, 0.05)
+    dropped = _setting(1, 128, 60.0, 0.03, 1.04)  # p99 ≈ p50 + 1 s: one SYN retry
+    twice = _setting(2, 128, 50.0, 0.03, 3.1)  # + 3 s: two
+    slow = _setting(1, 256, 50.0, 0.9, 1.9)  # slow everywhere, no cluster at the marks
+    assert backlog_suspects([fine, dropped, twice, slow]) == [dropped, twice]
+    assert [fmt_ms(s) for s in (0.655, 0.0243, 0.00523, 0.000123, 1.234)] == [
+        "660", "24", "5.2", "0.1", "1,200",
+    ]  # fmt: skip
+
+
+def test_plot_path_is_checked_before_the_sweep(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("matplotlib")
+    missing = tmp_path / "nope" / "out.png"
+    # An unreachable URL: had the sweep started, the error would be a load failure, not this.
+    url = "http://127.0.0.1:9/data/"
+    assert "no such directory" in _fails(["bench", url, f"--plot={missing}"], capsys)
+    assert "image format" in _fails(["bench", url, f"--plot={tmp_path / 'out'}"], capsys)
+    (tmp_path / "d.png").mkdir()
+    assert "is a directory" in _fails(["bench", url, f"--plot={tmp_path / 'd.png'}"], capsys)

@@ -3,7 +3,7 @@
 Each worker process fetches many samples at once from HTTP, S3/GCS/Azure or files, so I/O-bound
 datasets run at the speed of the storage, not of one request at a time.
 
-Example:
+Examples:
     >>> import asyncload
     >>> class Blobs(asyncload.Dataset):
     ...     def __init__(self, urls):
@@ -55,6 +55,7 @@ from ._storage import (
     stat,
     stream,
 )
+from ._sync import read_sync
 from .datasets import Mix, RemoteFiles, ShardStats, ShardSummary, TarShards, write_shards
 
 __version__ = "0.1.0"
@@ -99,6 +100,7 @@ __all__ = [
     "list_files",
     "list_files_async",
     "read",
+    "read_sync",
     "redact_url",
     "shard",
     "stat",

@@ -1,6 +1,6 @@
 """``asyncload bench``: which ``max_concurrency`` and ``num_workers`` a store wants.
 
-Each setting reads objects through :class:`asyncload.RemoteFiles` for at most ``samples``
+Each setting reads objects through ``asyncload.RemoteFiles`` for at most ``samples``
 samples or ``seconds`` seconds, whichever comes first, cycling through the objects when there
 are fewer of them. Samples are decoded to their length in the worker, so what is measured is
 fetching, not shipping bytes to the main process. Throughput counts from the first batch on
@@ -11,8 +11,10 @@ fetching, not shipping bytes to the main process. Throughput counts from the fir
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 
@@ -22,11 +24,33 @@ from ._loader import DataLoader
 from ._stats import LoaderStats
 from .datasets import RemoteFiles
 
-__all__ = ["BenchConfig", "Setting", "check_plotting", "plot", "recommend", "run_bench"]
+__all__ = [
+    "OBJECTIVES",
+    "BenchConfig",
+    "Setting",
+    "backlog_suspects",
+    "check_plotting",
+    "fmt_ms",
+    "plot",
+    "recommend",
+    "run_bench",
+]
 
 # A setting within this fraction of the best throughput counts as "as good": the recommendation
 # is then the cheapest such setting (fewest workers, then lowest concurrency).
 TOLERANCE = 0.05
+
+# What `--objective` can ask for, and the one sentence that says how each picks.
+OBJECTIVES = {
+    "balanced": "most samples/s per ms of p50 latency, of settings with ≥ ½ the best samples/s",
+    "throughput": "the cheapest setting within 5% of the best samples/s, whatever its latency",
+}
+# Below this share of the best throughput, "balanced" does not consider a setting.
+BALANCED_FLOOR = 0.5
+
+# Linux retransmits an unanswered SYN after 1 s, then 2, 4, 8, 16 s more: a connection that the
+# server's full listen queue dropped shows up as a fetch about 1, 3, 7, 15 or 31 s slower.
+SYN_RETRY_MARKS = (1.0, 3.0, 7.0, 15.0, 31.0)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -130,14 +154,57 @@ def run_bench(urls: list[str], cfg: BenchConfig) -> list[Setting]:
     ]
 
 
-def recommend(results: Sequence[Setting]) -> Setting | None:
-    """The cheapest setting within :data:`TOLERANCE` of the best throughput."""
-    ok = [r for r in results if r.error is None and r.samples_per_s > 0]
+def recommend(results: Sequence[Setting], objective: str = "balanced") -> Setting | None:
+    """The setting *objective* (a key of ``OBJECTIVES``) picks; ``None`` when all failed."""
+    ok = [r for r in results if r.error is None and r.samples_per_s > 0 and r.stats is not None]
     if not ok:
         return None
     best = max(r.samples_per_s for r in ok)
-    good = [r for r in ok if r.samples_per_s >= (1 - TOLERANCE) * best]
+    if objective == "throughput":
+        good = [r for r in ok if r.samples_per_s >= (1 - TOLERANCE) * best]
+        return min(good, key=lambda r: (r.workers, r.concurrency))
+    if objective != "balanced":
+        raise UsageError(f"unknown objective {objective!r}: one of {', '.join(OBJECTIVES)}")
+    fair = [r for r in ok if r.samples_per_s >= BALANCED_FLOOR * best]
+
+    def power(r: Setting) -> float:
+        assert r.stats is not None
+        return r.samples_per_s / max(r.stats.latency_p50, 1e-6)
+
+    top = max(power(r) for r in fair)
+    # Settings whose "power" is within TOLERANCE of the top are a tie: take the cheapest.
+    good = [r for r in fair if power(r) >= (1 - TOLERANCE) * top]
     return min(good, key=lambda r: (r.workers, r.concurrency))
+
+
+def backlog_suspects(results: Sequence[Setting]) -> list[Setting]:
+    """Settings with a latency percentile at a SYN-retry mark above the store's own latency.
+
+    The store's own latency is the lowest p50 of the sweep; it must be well under a second, or
+    a slow store could not be told from dropped connections.
+    """
+    ok = [r for r in results if r.error is None and r.stats is not None and r.stats.samples]
+    if not ok:
+        return []
+    base = min(r.stats.latency_p50 for r in ok if r.stats is not None)
+    if base >= 0.3:
+        return []
+    out = []
+    for r in ok:
+        assert r.stats is not None
+        tails = (r.stats.latency_p50, r.stats.latency_p95, r.stats.latency_p99)
+        # Histogram buckets are ±9% wide; the retry waits themselves are exact.
+        if any(0.9 * m <= t - base <= 1.3 * m for t in tails for m in SYN_RETRY_MARKS):
+            out.append(r)
+    return out
+
+
+def fmt_ms(seconds: float) -> str:
+    """Milliseconds to 2 significant digits: the latency histogram's buckets are ±9% wide."""
+    ms = seconds * 1e3
+    if ms >= 10:
+        return f"{float(f'{ms:.2g}'):,.0f}"
+    return f"{ms:.2g}" if ms >= 1 else f"{ms:.1g}"
 
 
 def bench_table(results: Sequence[Setting]) -> str:
@@ -156,9 +223,9 @@ def bench_table(results: Sequence[Setting]) -> str:
                 str(r.concurrency),
                 f"{r.samples_per_s:,.0f}",
                 f"{r.bytes_per_s / 1e6:,.2f}",
-                f"{s.latency_p50 * 1e3:.1f}",
-                f"{s.latency_p95 * 1e3:.1f}",
-                f"{s.latency_p99 * 1e3:.1f}",
+                fmt_ms(s.latency_p50),
+                fmt_ms(s.latency_p95),
+                fmt_ms(s.latency_p99),
                 f"{r.startup_s:.2f}",
                 extra,
             ]
@@ -168,12 +235,28 @@ def bench_table(results: Sequence[Setting]) -> str:
     return render_table(header, rows)
 
 
-def check_plotting() -> None:
-    """Raise :class:`UsageError` now, not after the sweep, when matplotlib is missing."""
+def check_plotting(path: str) -> None:
+    """Raise ``UsageError`` now, not after the sweep, when *path* can't be plotted to."""
     try:
-        import matplotlib  # noqa: F401
+        import matplotlib  # noqa: F401 - first: a stubbed-out matplotlib must fail here
+        from matplotlib.backend_bases import FigureCanvasBase
     except ImportError:
-        raise UsageError("--plot needs matplotlib: pip install 'asyncload[plot]'") from None
+        raise UsageError("--plot needs matplotlib: pip install 'asyncload-torch[plot]'") from None
+    target = Path(path)
+    kinds = FigureCanvasBase.get_supported_filetypes()
+    suffix = target.suffix.lstrip(".").lower()
+    if suffix not in kinds:
+        raise UsageError(
+            f"--plot {path}: can't tell the image format from the name; end it in one of "
+            + ", ".join(f".{k}" for k in sorted(kinds))
+        )
+    parent = target.parent
+    if target.is_dir():
+        raise UsageError(f"--plot {path}: is a directory; give a file name such as sweep.png")
+    if not parent.is_dir():
+        raise UsageError(f"--plot {path}: no such directory {parent}")
+    if not os.access(parent, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
+        raise UsageError(f"--plot {path}: not writable")
 
 
 def plot(results: Sequence[Setting], path: str) -> None:

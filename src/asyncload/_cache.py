@@ -1,6 +1,6 @@
 """A local disk cache of whole remote objects, shared by every process on the machine.
 
-The files (layout, entry format, eviction) are :mod:`asyncload._cache_dir`'s; this module decides
+The files (layout, entry format, eviction) are ``_cache_dir``'s; this module decides
 when to read and write them.
 
 An entry appears only through ``os.replace`` of a fully written temporary file, and its header
@@ -14,7 +14,7 @@ processes through the per-object lock file (the others poll until the entry appe
 objects are cached; a range is served from a cached whole object, and a range that misses is
 read from the store as usual. A stream of an uncached object is written through to a temporary
 file and kept when it reaches the end. Nothing here ever fails a read: a directory that cannot be
-written (read-only, full, no permission) turns the cache off with one :class:`CacheWarning`.
+written (read-only, full, no permission) turns the cache off with one ``CacheWarning``.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ _DRAIN_MAX = 1 << 20  # bytes read after a stream was closed early, to finish it
 class CacheWarning(AsyncloadWarning):
     """The local cache was turned off (read-only or full disk); reads go to the store.
 
-    Example:
+    Examples:
         >>> import warnings, asyncload
         >>> warnings.simplefilter("error", asyncload.CacheWarning)  # make it fatal in CI
     """
@@ -99,7 +99,7 @@ def _key(url: str) -> str:
 
 
 class Cache:
-    """One cache directory (see the module docstring); create through :func:`cache_for`."""
+    """One cache directory (see the module docstring); create through ``cache_for``."""
 
     def __init__(self, root: str, max_bytes: int | None) -> None:
         self.dir = CacheDir(root, max_bytes)

@@ -8,7 +8,7 @@ Layout under the cache directory::
     .lock, usage            the byte count of the directory, updated under .lock
 
 An entry's header is ``magic, body size, ETag length`` and the ETag; an entry whose file size
-disagrees with its header is never returned (and is removed). :mod:`asyncload._cache` decides
+disagrees with its header is never returned (and is removed). ``_cache`` decides
 when to read and write; this module only knows files.
 """
 

@@ -1,6 +1,6 @@
 """What the command line shares: user errors, a progress bar, tables, and finding the objects.
 
-Nothing here is public API; :mod:`asyncload.cli` is the entry point.
+Nothing here is public API; ``asyncload.cli`` is the entry point.
 """
 
 from __future__ import annotations
@@ -117,13 +117,13 @@ def _scheme(url: str) -> str:
 
 
 def find_objects(url: str) -> list[str]:
-    """Every object URL that *url* names, sorted; :class:`UsageError` when there are none.
+    """Every object URL that *url* names, sorted; ``UsageError`` when there are none.
 
     * ``http://`` / ``https://``: HTTP can't list, so *url* is a manifest (a URL ending in
       ``.txt``) or a prefix with a ``manifest.txt`` in it. A manifest holds one object per line,
       relative to the manifest or absolute; blank lines and ``#`` comments are skipped.
     * anything else (``s3://``, ``gs://``, ``az://``, ``file://``, a path): every object under
-      the prefix, as :func:`asyncload.list_files` lists them, minus any ``manifest.txt``.
+      the prefix, as ``asyncload.list_files`` lists them, minus any ``manifest.txt``.
     """
     if not url:
         raise UsageError("the URL is empty")

@@ -100,7 +100,7 @@ def _culprit(obj: Any, path: str, depth: int = 0) -> tuple[str, Any, BaseExcepti
 
 
 def diagnose_pickling(objects: dict[str, Any], method: str, cause: BaseException) -> NotPicklable:
-    """Build a :class:`NotPicklable` naming the object that can't be sent to a worker."""
+    """Build a ``NotPicklable`` naming the object that can't be sent to a worker."""
     for name, obj in objects.items():
         hit = _culprit(obj, name)
         if hit is None:

@@ -2,11 +2,11 @@
 
 ``asyncload.Dataset`` and ``asyncload.IterableDataset`` subclass torch's classes, so samplers,
 ``len()``, ``ConcatDataset`` and type checks keep working. The worker adapts every kind of dataset
-to two coroutine shapes with :func:`fetcher_for` and :func:`aiter_for`:
+to two coroutine shapes with ``fetcher_for`` and ``aiter_for``:
 
 * async ``__getitem__``      → awaited on the worker's event loop;
 * sync ``__getitem__``       → run in the worker's thread pool (the loop keeps fetching);
-* ``__getitems__``           → called once per batch, as torch does (:func:`batch_fetcher_for`);
+* ``__getitems__``           → called once per batch, as torch does (``batch_fetcher_for``);
 * ``Subset``/``ConcatDataset`` → looked through to the datasets inside (not a subclass that
   overrides ``__getitem__`` or ``__getitems__``: torch calls the override, and so do we);
 * async ``__aiter__``        → iterated on the loop; yielded awaitables run concurrently;
@@ -34,7 +34,7 @@ class Dataset(torch.utils.data.Dataset[T_co], Generic[T_co]):
     Subclasses implement ``async def __getitem__(self, index)`` and ``__len__``. The loader keeps up
     to ``max_concurrency`` of these coroutines in flight per worker, across batches.
 
-    Example:
+    Examples:
         >>> import asyncload
         >>> class Pages(asyncload.Dataset):
         ...     def __init__(self, urls):
@@ -51,15 +51,23 @@ class Dataset(torch.utils.data.Dataset[T_co], Generic[T_co]):
     def __len__(self) -> int:
         raise NotImplementedError(f"{type(self).__name__} must implement __len__")
 
+    def __getitems__(self, indices: list[Any]) -> list[Any]:
+        # Only torch's own DataLoader calls this (asyncload's worker awaits __getitem__ instead,
+        # see batch_fetcher_for): run the coroutines one at a time on a private loop, so a plain
+        # DataLoader (as trainers build) still gets samples, not coroutines. See _plain.py.
+        from ._plain import getitems_sync
+
+        return getitems_sync(self, indices)
+
 
 class IterableDataset(torch.utils.data.IterableDataset[T_co], Generic[T_co]):
     """An iterable-style dataset whose ``__aiter__`` is an async generator.
 
-    Every worker iterates its own copy; use :func:`asyncload.shard` so each item is yielded by one
-    worker (and one rank) only. A generator may yield *awaitables* instead of samples: the worker
-    then runs up to ``max_concurrency`` of them at once and keeps their order.
+    Every worker iterates its own copy; use [`asyncload.shard`][asyncload.shard] so each item is
+    yielded by one worker (and one rank) only. A generator may yield *awaitables* instead of
+    samples: the worker then runs up to ``max_concurrency`` of them at once and keeps their order.
 
-    Example:
+    Examples:
         >>> import asyncload
         >>> class Lines(asyncload.IterableDataset):
         ...     def __init__(self, urls):
@@ -117,7 +125,11 @@ def batch_fetcher_for(dataset: Any) -> Callable[[list[Any]], Awaitable[list[Any]
     """``async fetch(indices)`` when the dataset defines ``__getitems__`` (torch's batched
     access, which Hugging Face datasets implement), else ``None``."""
     getitems = getattr(type(dataset), "__getitems__", None)
-    if getitems is None or _plain(dataset, torch.utils.data.Subset):
+    if (
+        getitems is None
+        or getitems is Dataset.__getitems__  # only for torch's own loader (see _plain.py)
+        or _plain(dataset, torch.utils.data.Subset)
+    ):
         return None  # looked through per sample by fetcher_for
     if inspect.iscoroutinefunction(getitems):
         return dataset.__getitems__  # type: ignore[no-any-return]

@@ -33,6 +33,7 @@ import torch.utils.data
 from torch import nn
 
 from . import _demo_server, _storage
+from ._bench import fmt_ms
 from ._console import Progress, UsageError, find_objects, read_sync, render_table
 from ._context import resolve_context
 from ._dataset import Dataset
@@ -115,7 +116,7 @@ def decode_record(index: int, data: bytes) -> tuple[torch.Tensor, int, int, int]
 
 
 class AsyncRecords(Dataset[Any]):
-    """The asyncload side: ``async def __getitem__`` awaits :func:`asyncload.read`."""
+    """The asyncload side: ``async def __getitem__`` awaits ``asyncload.read``."""
 
     def __init__(self, urls: list[str]) -> None:
         self.files = RemoteFiles(urls)  # URLs in two NumPy arrays, not a list of str
@@ -163,7 +164,7 @@ def sample_order(num_objects: int, count: int, seed: int) -> list[int]:
 
 @contextlib.contextmanager
 def embedded_store(*, objects: int, latency: float, seed: int) -> Iterator[str]:
-    """Run :mod:`asyncload._demo_server` in a child process; yield its dataset prefix URL."""
+    """Run ``asyncload._demo_server`` in a child process; yield its dataset prefix URL."""
     script = Path(_demo_server.__file__)
     proc = subprocess.Popen(
         [
@@ -249,6 +250,13 @@ def train(
     loss = torch.tensor(float("nan"))
     delivered = 0
     stats: LoaderStats | None = None
+    if loader.num_workers:
+        # The first batch waits for the workers to start: say so rather than sit silent.
+        print(
+            f"{name:>9}: starting {_workers(loader.num_workers)}, then training…",
+            file=sys.stderr,
+            flush=True,
+        )
     t0 = time.perf_counter()
     it = iter(loader)  # starts the workers: part of the wait, as in `for batch in loader`
     tw = t0
@@ -335,6 +343,13 @@ def _run_demo(cfg: DemoConfig) -> tuple[RunResult, RunResult, str]:
             f"{_workers(cfg.workers)}",
             file=sys.stderr,
         )
+        if cfg.workers > 0:
+            print(
+                "asyncload demo: starting the fork server, which imports torch once for both "
+                "loaders' workers (a few seconds)…",
+                file=sys.stderr,
+                flush=True,
+            )
         common: dict[str, Any] = {
             "batch_size": cfg.batch_size,
             "sampler": order,
@@ -385,7 +400,7 @@ def demo_table(fast: RunResult, slow: RunResult, cfg: DemoConfig) -> str:
     ]  # fmt: skip
     s = f.stats
     if s is not None:
-        latency = f"{s.latency_p50 * 1e3:.0f}/{s.latency_p99 * 1e3:.0f}"
+        latency = f"{fmt_ms(s.latency_p50)}/{fmt_ms(s.latency_p99)}"
         rows.append(["fetch latency p50/p99 (ms)", latency, "—", ""])
     table = render_table(["", "asyncload", "torch", "asyncload ÷ torch"], rows)
     notes = [

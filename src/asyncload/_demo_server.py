@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import sys
 import threading
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -52,7 +53,9 @@ def make_objects(count: int, seed: int) -> dict[str, bytes]:
     return objects
 
 
-def _app(objects: dict[str, bytes], latency: float) -> web.Application:
+def make_app(objects: Mapping[str, bytes], latency: float) -> web.Application:
+    """GET and HEAD of *objects* by path, each after *latency* seconds."""
+
     async def handle(request: web.Request) -> web.StreamResponse:
         if latency > 0:
             await asyncio.sleep(latency)  # a storage round trip
@@ -71,7 +74,7 @@ def _app(objects: dict[str, bytes], latency: float) -> web.Application:
 
 async def serve(*, objects: dict[str, bytes], latency: float, port: int) -> None:
     """Serve until stdin reaches end of file; print the bound port first."""
-    runner = web.AppRunner(_app(objects, latency), access_log=None)
+    runner = web.AppRunner(make_app(objects, latency), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", port, backlog=2048)
     await site.start()

@@ -1,6 +1,6 @@
 """The engine: one event loop fetching up to ``max_concurrency`` samples at once, across batches.
 
-The same :class:`Engine` runs in a worker process and, for ``num_workers=0``, in a background
+The same ``Engine`` runs in a worker process and, for ``num_workers=0``, in a background
 thread of the main process (both in ``_worker.py``). It reads tasks from an asyncio queue, starts
 one coroutine per sample, collates a batch the moment its last sample lands and hands it to
 ``put``. Every task gets exactly one reply; see NOTE [ Data flow and shutdown ] in

@@ -1,4 +1,4 @@
-"""Every error asyncload raises derives from :class:`LoadError`.
+"""Every error asyncload raises derives from ``LoadError``.
 
 Each subclass also inherits the built-in exception a caller already expects, so
 ``except FileNotFoundError`` or ``except TimeoutError`` keep working::
@@ -21,7 +21,7 @@ Each subclass also inherits the built-in exception a caller already expects, so
     ├── NotPicklable                    + TypeError           dataset/collate_fn can't be sent
     └── ArchiveError                    + ValueError          unsafe or corrupt tar shard
 
-Messages never contain credentials: every URL passes through :func:`redact_url`.
+Messages never contain credentials: every URL passes through ``redact_url``.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ __all__ = [
 class LoadError(Exception):
     """Root of every error raised by asyncload.
 
-    Example:
+    Examples:
         >>> try:
         ...     raise NotFound("missing", url="s3://bucket/key", status=404)
         ... except LoadError as exc:
@@ -137,7 +137,7 @@ class RedirectError(StorageError):
 
 
 class ObjectChanged(StorageError):
-    """The object was replaced while :func:`asyncload.stream` was reading it. Never retried.
+    """The object was replaced while [`stream`][asyncload.stream] was reading it. Never retried.
 
     A cut download is resumed only for the version it started with (``If-Match``/``If-Range``
     with the first response's ETag); bytes of two versions are never spliced. Part of the old
@@ -156,7 +156,7 @@ class RequestTimeout(StorageError, Timeout):
 class BatchTimeout(Timeout, RuntimeError):
     """No batch arrived within ``DataLoader(timeout=...)`` seconds.
 
-    Also a :class:`RuntimeError`, which is what torch's DataLoader raises in this case.
+    Also a ``RuntimeError``, which is what torch's DataLoader raises in this case.
     """
 
 

@@ -1,20 +1,20 @@
 """Hedged reads: a second identical GET when the first one straggles; the first answer wins.
 
 Object stores have long per-request tails (one request in a hundred takes ten times the
-median). Waiting for a straggler holds a whole batch, so :func:`read` and :func:`open_stream`
+median). Waiting for a straggler holds a whole batch, so ``read`` and ``open_stream``
 race a *hedge*: when a request has not answered within the delay (a high percentile of the
 recent latencies of its prefix, never below a floor), an identical request is sent, whichever
 finishes first is used, and the other is cancelled. Cancelling releases the loser's response,
 and aiohttp closes a connection whose body was not read to the end, so nothing leaks; bytes are
 counted by the caller from the winner only.
 
-Costs are bounded twice. A token bucket per prefix earns :attr:`Hedge.budget` tokens per
+Costs are bounded twice. A token bucket per prefix earns ``Hedge.budget`` tokens per
 request and a hedge spends one, so hedges never exceed ``budget x requests`` (plus nothing: the
-bucket starts empty). And a hedge is an attempt of the :class:`~asyncload.Retry` policy: a
+bucket starts empty). And a hedge is an attempt of the [`Retry`][asyncload.Retry] policy: a
 request with ``attempts=1`` is never hedged, and a round in which both copies failed used two
 attempts.
 
-Counters (hedges sent and won, per process) are read with :func:`counts`.
+Counters (hedges sent and won, per process) are read with ``counts``.
 """
 
 from __future__ import annotations
@@ -167,7 +167,7 @@ async def _race(
 ) -> tuple[T, int]:
     """One round: the request, and a hedge if it straggles. Returns (result, requests sent).
 
-    Raises the round's :class:`AttemptFailed` with ``requests`` set to the requests it used.
+    Raises the round's ``AttemptFailed`` with ``requests`` set to the requests it used.
     """
     global _sent, _won
     loop = asyncio.get_running_loop()
@@ -228,7 +228,7 @@ async def _race(
 async def read(
     backend: Backend, url: str, start: int | None, end: int | None, options: StorageOptions
 ) -> bytes:
-    """:meth:`Backend.read` with hedging and retries sharing one count of attempts."""
+    """``Backend.read`` with hedging and retries sharing one count of attempts."""
     policy = options.retry
     hedge = options.hedge
     assert hedge is not None
@@ -271,7 +271,7 @@ async def open_stream(
     spare: int,
     resume: Resume,
 ) -> AsyncGenerator[bytes, None]:
-    """:meth:`Backend.stream_version`, its opening request hedged (up to the first chunk).
+    """``Backend.stream_version``, its opening request hedged (up to the first chunk).
 
     *spare* is how many attempts the retry policy has left besides this one. A failure that
     used a hedge too carries ``requests == 2`` for the caller's count of attempts.

@@ -1,8 +1,8 @@
 """``asyncload.DataLoader``: torch's DataLoader, with an event loop in every worker.
 
 The loader holds torch's arguments, counts epochs, saves and loads checkpoints, and starts
-passes: it resolves its settings into a frozen :class:`~asyncload._pass.PassSpec` and hands
-that, with the resume point, to a :class:`~asyncload._pass.Pass`, which does the rest
+passes: it resolves its settings into a frozen ``_pass.PassSpec`` and hands
+that, with the resume point, to a ``_pass.Pass``, which does the rest
 (``_pass.py``). With persistent workers it keeps that pass and restarts it every epoch; the
 workers belong to the pass, so a temporary loader (``for b in DataLoader(...)``) is fine.
 """
@@ -38,7 +38,7 @@ _HAS_IN_ORDER = "in_order" in inspect.signature(torch.utils.data.DataLoader.__in
 class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
     """torch's DataLoader, fetching up to ``max_concurrency`` samples at once in every worker.
 
-    Every argument shared with :class:`torch.utils.data.DataLoader` has torch's meaning. Each
+    Every argument shared with ``torch.utils.data.DataLoader`` has torch's meaning. Each
     worker process runs one event loop (uvloop where installed) for its whole life; an
     ``async def __getitem__`` is awaited there, a plain one runs in the worker's thread pool.
     With ``num_workers=0`` the same loop runs in a background thread of this process.
@@ -53,7 +53,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
             a share padded with repeated samples warns. ``False`` reads the whole dataset on
             this rank, as torch does (e.g. a rank-0-only evaluation loader).
 
-    Example:
+    Examples:
         >>> import asyncload
         >>> class Blobs(asyncload.Dataset):
         ...     def __init__(self, urls):
@@ -209,13 +209,13 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
                 fn(epoch)
 
     def state_dict(self) -> dict[str, Any]:
-        """Where the current pass stands, to continue it later with :meth:`load_state_dict`.
+        """Where the current pass stands, to continue it later with ``load_state_dict``.
 
         Only batches already handed to the training loop count as consumed; batches fetched but
         not yet yielded are fetched again after a restore. The dict can be saved with
         ``torch.save``.
 
-        Example:
+        Examples:
             >>> torch.save(loader.state_dict(), "loader.pt")  # doctest: +SKIP
             >>> loader = asyncload.DataLoader(dataset, batch_size=32)  # doctest: +SKIP
             >>> loader.load_state_dict(torch.load("loader.pt"))  # doctest: +SKIP
@@ -239,7 +239,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
         return it.checkpoint(self._epoch_of_pass).to_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue the pass recorded by :meth:`state_dict` at the next ``iter(loader)``.
+        """Continue the pass recorded by ``state_dict`` at the next ``iter(loader)``.
 
         Build the loader with the same dataset, sampler arguments and generator seed; for an
         iterable dataset also the same ``num_workers``.

@@ -1,10 +1,10 @@
 """Counters kept cheaply on the hot path, and where a note goes: the running engine's recorder.
 
-Each engine owns a :class:`Recorder` and makes it :func:`current` for its event loop's tasks
+Each engine owns a ``Recorder`` and makes it ``current`` for its event loop's tasks
 (a ContextVar, so a thread's engine never counts the application's own reads, and two engines
-never share counters). Storage code calls :func:`note_bytes`, :func:`note_retry` and
-:func:`note_error` without knowing about loaders; outside any engine the notes go to the
-process's own :data:`recorder`. Knows nothing about loaders.
+never share counters). Storage code calls ``note_bytes``, ``note_retry`` and
+``note_error`` without knowing about loaders; outside any engine the notes go to the
+process's own ``recorder``. Knows nothing about loaders.
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """One pass over a DataLoader: sampler → workers → reorder → training loop.
 
-The loader builds a frozen :class:`PassSpec` and hands it, with the resume point, to a
-:class:`Pass`; the pass never sees the loader. It draws the seeds, sends index batches to its
-:class:`~asyncload._workers.Workers` round-robin (as torch does), keeps ``max_outstanding``
+The loader builds a frozen ``PassSpec`` and hands it, with the resume point, to a
+``Pass``; the pass never sees the loader. It draws the seeds, sends index batches to its
+``_workers.Workers`` round-robin (as torch does), keeps ``max_outstanding``
 batches sent but not yet yielded, restores sampler order when ``in_order=True`` and records
-progress for checkpoints. A pass starts in :meth:`Pass.__init__` (or :meth:`Pass.restart` with
-persistent workers) and ends in :meth:`Pass.close`, nowhere else. Its workers live exactly as
+progress for checkpoints. A pass starts in ``Pass.__init__`` (or ``Pass.restart`` with
+persistent workers) and ends in ``Pass.close``, nowhere else. Its workers live exactly as
 long as it does. See NOTE [ Data flow and shutdown ] in ``_protocol.py``.
 """
 
@@ -48,7 +48,7 @@ class State(enum.Enum):
     RUNNING = "running"
     """Batches are being fetched and yielded."""
     EXHAUSTED = "exhausted"
-    """Every batch was yielded; with persistent workers, :meth:`Pass.restart` starts another."""
+    """Every batch was yielded; with persistent workers, ``Pass.restart`` starts another."""
     CLOSED = "closed"
     """The workers are stopped; the pass can't be used again."""
 

@@ -44,7 +44,7 @@ def pin(msg: Any, device: str) -> Any:
 
 
 class PinMemoryThread:
-    """Reads *source*, pins, writes to :attr:`out`; stops when :meth:`stop` is called."""
+    """Reads *source*, pins, writes to ``out``; stops when ``stop`` is called."""
 
     def __init__(self, source: Any, device: str) -> None:
         self.out: queue.Queue[Any] = queue.Queue()

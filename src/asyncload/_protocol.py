@@ -102,7 +102,7 @@ class IterTask:
 @dataclass(frozen=True, slots=True)
 class StartPass:
     """A new pass with persistent workers (torch's ``_ResumeIteration``): drop all work of the
-    old one, restart iteration, then answer :class:`PassStarted`."""
+    old one, restart iteration, then answer ``PassStarted``."""
 
     generation: int
     epoch: int | None
@@ -172,7 +172,7 @@ class RemoteError:
     """An exception caught in a worker, with where it happened (torch's ``ExceptionWrapper``).
 
     The original exception travels pickled when it can; otherwise it is rebuilt from its type
-    name and message. Either way :meth:`reraise` raises it in the main process with the worker's
+    name and message. Either way ``reraise`` raises it in the main process with the worker's
     traceback as ``__cause__`` and a note naming the worker, its pid and the sample index.
     """
 

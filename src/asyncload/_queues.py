@@ -1,11 +1,11 @@
 """How a batch crosses from a worker process to the main one.
 
-A worker pickles each ``Result`` itself (:func:`pack`) before it reaches the
+A worker pickles each ``Result`` itself (``pack``) before it reaches the
 ``multiprocessing.Queue``:
 
 * **small tensors travel inline.** torch's pickler moves every tensor into its own shared-memory
   segment and passes a file descriptor per tensor through a socket; for a batch of int labels
-  that costs far more than copying the 256 bytes. Tensors up to :data:`INLINE_MAX` bytes are
+  that costs far more than copying the 256 bytes. Tensors up to ``INLINE_MAX`` bytes are
   pickled as bytes.
 * **large tensors travel in reused shared memory** (images, features): blocks of the worker's
   pool, mapped once in the main process, named by id; see NOTE [ Reused shared memory ] in
@@ -111,7 +111,7 @@ def pack(msg: Result) -> Packed | Failure:
 
 
 def unpack(obj: Any) -> Any:
-    """The message inside a :class:`Packed`; anything else is returned as it is."""
+    """The message inside a ``Packed``; anything else is returned as it is."""
     if not isinstance(obj, Packed):
         return obj
     if obj.evicted:

@@ -9,7 +9,7 @@ Error bodies are scrubbed too: an S3 ``SignatureDoesNotMatch`` answer echoes the
 the signature and the string that was signed (``<AWSAccessKeyId>``, ``<SignatureProvided>``,
 ``<StringToSign>``...), and an ``Authorization`` header echoed in a debug message carries
 ``Credential=`` and ``Signature=``. Every message that names a URL or quotes a body goes through
-:func:`redact_url`.
+[`redact_url`][asyncload.redact_url].
 """
 
 from __future__ import annotations
@@ -125,7 +125,7 @@ def redact_url(text: str) -> str:
     error message). Lone surrogates are shown as ``\\udcXX`` escapes, so the result can always be
     printed.
 
-    Example:
+    Examples:
         >>> redact_url("https://user:pw@host/a?X-Amz-Signature=abc&X-Amz-Expires=60")
         'https://REDACTED@host/a?X-Amz-Signature=REDACTED&X-Amz-Expires=60'
         >>> redact_url("denied: <AWSAccessKeyId>AKIA123</AWSAccessKeyId>")

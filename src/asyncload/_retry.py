@@ -1,10 +1,10 @@
 """The retry policy every storage request runs under, and the loop that applies it.
 
-Backends make exactly one attempt per call and describe a failure as an :class:`AttemptFailed`
-(what went wrong, whether trying again can help, what the server asked for). :func:`retrying`
+Backends make exactly one attempt per call and describe a failure as an ``AttemptFailed``
+(what went wrong, whether trying again can help, what the server asked for). ``retrying``
 owns the loop: it sleeps with exponential backoff and full jitter, honours ``Retry-After``, counts
-retries in :mod:`asyncload._stats`, and finally raises the public error from
-:mod:`asyncload._exceptions` with the true number of attempts.
+retries in ``asyncload._stats``, and finally raises the public error from
+``asyncload._exceptions`` with the true number of attempts.
 
 What is retried (the same classes botocore's standard mode retries):
 
@@ -47,7 +47,7 @@ class Retry:
     ``Retry-After`` longer than ``max_retry_after`` ends the retries at once instead of hammering
     the server early.
 
-    Example:
+    Examples:
         >>> import asyncload
         >>> patient = asyncload.Retry(attempts=10, backoff=0.5, deadline=120.0)
         >>> asyncload.configure("s3://flaky-bucket", retry=patient)  # doctest: +SKIP
@@ -88,7 +88,7 @@ class Retry:
 
 
 class AttemptFailed(Exception):
-    """One attempt failed; raised by a backend, consumed by :func:`retrying`.
+    """One attempt failed; raised by a backend, consumed by ``retrying``.
 
     Attributes:
         kind: The public error class to raise if this is the last attempt.
@@ -98,7 +98,7 @@ class AttemptFailed(Exception):
         reason: The short key retries are counted under (``"503"``, ``"timeout"``, ...).
         retry_after: Seconds the server asked us to wait, if it did.
         requests: Requests this failure stands for: 2 when a hedged twin failed as well
-            (:mod:`asyncload._hedge`); each one counts as an attempt.
+            (``_hedge``); each one counts as an attempt.
     """
 
     def __init__(
@@ -142,7 +142,7 @@ async def retrying(
 ) -> T:
     """Run ``op()`` until it succeeds or *policy* says stop; raise the public error then.
 
-    Errors that are not :class:`AttemptFailed` propagate unchanged (cancellation included).
+    Errors that are not ``AttemptFailed`` propagate unchanged (cancellation included).
     A caller that made the first attempt itself (a hot path) passes its failure as *first*
     and the attempt's start as *started*.
     """
@@ -212,7 +212,7 @@ class Hedge:
     online, but never below *min_delay*. At most *budget* (a fraction) of the requests of a
     prefix are hedges. Set ``hedge=None`` to switch hedging off for a prefix.
 
-    Example:
+    Examples:
         >>> import asyncload
         >>> asyncload.configure("s3://bucket", hedge=asyncload.Hedge(budget=0.02))  # doctest: +SKIP
         >>> asyncload.configure("https://cheap.example", hedge=None)  # doctest: +SKIP

@@ -3,7 +3,7 @@
 A training job has ``world_size`` ranks (processes under torchrun), each with ``num_workers``
 loader workers. Item *i* of a replicated iterable belongs to the global worker
 ``rank * num_workers + worker_id`` when ``i % (world_size * num_workers)`` equals it. This is the
-one rule; :func:`shard` applies it and :func:`get_worker_info` reports the numbers it uses.
+one rule; ``shard`` applies it and ``get_worker_info`` reports the numbers it uses.
 """
 
 from __future__ import annotations
@@ -34,11 +34,11 @@ T = TypeVar("T")
 
 @dataclass(frozen=True, slots=True)
 class WorkerInfo:
-    """Facts about the worker this code runs in; see :func:`get_worker_info`.
+    """Facts about the worker this code runs in; see [`get_worker_info`][asyncload.get_worker_info].
 
     The first four fields are torch's ``WorkerInfo`` fields with the same meaning.
 
-    Example:
+    Examples:
         >>> info = asyncload.get_worker_info()  # doctest: +SKIP
         >>> info.id, info.num_workers, info.rank, info.world_size  # doctest: +SKIP
         (1, 2, 0, 1)
@@ -62,7 +62,7 @@ _worker_info: WorkerInfo | None = None
 
 
 def get_worker_info() -> WorkerInfo | None:
-    """Return the :class:`WorkerInfo` of the calling worker, or ``None`` in the main process.
+    """The [`WorkerInfo`][asyncload.WorkerInfo] of the calling worker; ``None`` in the main process.
 
     ``torch.utils.data.get_worker_info()`` also works inside asyncload workers.
     """
@@ -114,7 +114,7 @@ def shard(items: Any) -> Any:
     list and each item is yielded by exactly one worker of one rank. Sequences and NumPy arrays are
     sliced (a view, no copy); other iterables and async iterables are filtered lazily.
 
-    Example:
+    Examples:
         >>> class Urls(asyncload.IterableDataset):
         ...     def __init__(self, urls):
         ...         self.urls = urls

@@ -308,7 +308,7 @@ class BlockPool:
 
     def reduce_ref(self, ref: BlockRef) -> tuple[Any, ...]:
         """Pickle a block use as its id: the descriptor, if needed, travels beside the message
-        (:meth:`end`), so a message that fails to pickle leaves no descriptor behind."""
+        (``end``), so a message that fails to pickle leaves no descriptor behind."""
         block = ref.block
         with self._lock:
             block.packing = True  # a view going torch's way may free our storage mid-pickle
@@ -362,13 +362,13 @@ class BlockPool:
         return tuple(fds), evicted
 
     def unsend_evicted(self, evicted: tuple[int, ...]) -> None:
-        """*evicted* (from :meth:`end`) did not reach the main process: name them again later."""
+        """*evicted* (from ``end``) did not reach the main process: name them again later."""
         with self._lock:
             self._evicted[:0] = evicted
 
 
 pool: BlockPool | None = None
-"""This worker process's pool, once :func:`install_pool` ran."""
+"""This worker process's pool, once ``install_pool`` ran."""
 
 
 def _after_fork_in_child() -> None:

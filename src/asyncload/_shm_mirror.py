@@ -86,8 +86,8 @@ _unpacking = threading.local()  # the mappings of the message being unpickled in
 def map_blocks(token: str, fds: tuple[tuple[int, int, Any], ...]) -> dict[int, mmap.mmap]:
     """Map the blocks a message brings descriptors for (``(id, size, DupFd)``), once each.
 
-    Returns the message's new mappings; :func:`unpickling` makes them visible to
-    :func:`_open_block` also when *token* is no longer registered.
+    Returns the message's new mappings; ``unpickling`` makes them visible to
+    ``_open_block`` also when *token* is no longer registered.
     """
     new: dict[int, mmap.mmap] = {}
     for block_id, cap, dup in fds:

@@ -1,4 +1,4 @@
-"""What a pass needs from its loader, as values: :class:`PassSpec`, and torch's length rules."""
+"""What a pass needs from its loader, as values: ``PassSpec``, and torch's length rules."""
 
 from __future__ import annotations
 

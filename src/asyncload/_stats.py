@@ -1,9 +1,9 @@
 """The frozen snapshot ``DataLoader.stats()`` returns, and how a pass tallies it.
 
 The counters themselves live in ``_metrics`` (re-exported here, so ``_stats.note_bytes`` and
-friends keep working): each engine owns a :class:`Recorder`, which storage code notes into
-through a ContextVar. Workers ship a :class:`RecorderSnapshot` with their results; the main
-process keeps the newest one per worker and merges them in :func:`merge`.
+friends keep working): each engine owns a ``Recorder``, which storage code notes into
+through a ContextVar. Workers ship a ``RecorderSnapshot`` with their results; the main
+process keeps the newest one per worker and merges them in ``merge``.
 """
 
 from __future__ import annotations
@@ -39,9 +39,9 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class LoaderStats:
-    """A snapshot of what a :class:`~asyncload.DataLoader` has done since its iterator started.
+    """What a [`DataLoader`][asyncload.DataLoader] has done since its iterator started.
 
-    Example:
+    Examples:
         >>> s = loader.stats()  # doctest: +SKIP
         >>> print(f"{s.samples_per_s:.0f}/s, p99 {s.latency_p99:.3f} s")  # doctest: +SKIP
     """
@@ -95,7 +95,7 @@ def merge(
     wait_s: float,
     ended: float | None = None,
 ) -> LoaderStats:
-    """Combine per-worker snapshots into one :class:`LoaderStats`.
+    """Combine per-worker snapshots into one ``LoaderStats``.
 
     ``ended`` freezes the clock of a finished pass, so its rates stop decaying afterwards.
     """

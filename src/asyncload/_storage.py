@@ -1,11 +1,11 @@
 """Read any URL from any coroutine: the public storage functions and per-prefix settings.
 
 ``read``, ``stream``, ``stat`` and ``list_files`` pick the backend by URL scheme
-(:mod:`asyncload.sources`), the :class:`StorageOptions` by longest configured prefix, and run
-the backend's single attempts under the options' :class:`Retry` policy.
+(``asyncload.sources``), the ``StorageOptions`` by longest configured prefix, and run
+the backend's single attempts under the options' ``Retry`` policy.
 
-Settings given with :func:`configure` in the main process reach workers through
-:func:`export_config` / :func:`import_config`, which the DataLoader's worker start-up calls.
+Settings given with ``configure`` in the main process reach workers through
+``export_config`` / ``import_config``, which the DataLoader's worker start-up calls.
 Clients are created lazily, per event loop (aiohttp) or per process (obstore), so nothing here
 has to be picklable but the settings themselves.
 """
@@ -50,7 +50,7 @@ _OPTION_NAMES = frozenset(f.name for f in dataclasses.fields(StorageOptions))
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class StorageConfig:
-    """Everything :func:`configure` set in one process: what :func:`export_config` returns."""
+    """Everything ``configure`` set in one process: what ``export_config`` returns."""
 
     prefixes: tuple[tuple[str, StorageOptions], ...]
     """``(prefix, options)`` pairs, longest prefix first."""
@@ -108,11 +108,13 @@ def configure(prefix: str, options: StorageOptions | None = None, /, **kwargs: A
     Args:
         prefix: A URL prefix such as ``"s3://bucket"``, ``"s3://bucket/train/"``,
             ``"https://data.example.com"`` or ``"s3://"`` (every bucket).
-        options: A ready :class:`StorageOptions`; keyword arguments override its fields.
-        **kwargs: :class:`StorageOptions` fields (``endpoint``, ``region``, ``credentials``,
-            ``headers``, ``connect_timeout``, ``read_timeout``, ``retry``, ...).
+        options: A ready [`StorageOptions`][asyncload.StorageOptions]; keyword arguments
+            override its fields.
+        **kwargs: [`StorageOptions`][asyncload.StorageOptions] fields (``endpoint``,
+            ``region``, ``credentials``, ``headers``, ``connect_timeout``, ``read_timeout``,
+            ``retry``, ...).
 
-    Example:
+    Examples:
         >>> import asyncload
         >>> asyncload.configure(
         ...     "s3://my-bucket", endpoint="http://127.0.0.1:9000", region="us-east-1",
@@ -139,9 +141,11 @@ def configure(prefix: str, options: StorageOptions | None = None, /, **kwargs: A
 
 
 def configure_all(storage_options: Mapping[str, StorageOptions | Mapping[str, Any]]) -> None:
-    """:func:`configure` every ``prefix: options`` pair of a mapping (``storage_options=``).
+    """[`configure`][asyncload.configure] every ``prefix: options`` pair of a mapping.
 
-    Example:
+    The mapping is what datasets take as ``storage_options=``.
+
+    Examples:
         >>> asyncload.configure_all({"s3://bucket": {"region": "eu-west-1"}})  # doctest: +SKIP
     """
     for prefix, options in storage_options.items():
@@ -170,7 +174,7 @@ def export_config() -> StorageConfig:
 
 
 def import_config(snapshot: object) -> None:
-    """Install a snapshot from :func:`export_config` (in a worker process), replacing any."""
+    """Install a snapshot from ``export_config`` (in a worker process), replacing any."""
     if not isinstance(snapshot, StorageConfig):
         raise TypeError(f"expected a StorageConfig from export_config(), got {type(snapshot)!r}")
     _base.set_pool_size(snapshot.pool_size)
@@ -222,8 +226,8 @@ def _backend(url: str) -> _base.Backend:
 async def read(url: str, *, start: int | None = None, end: int | None = None) -> bytes:
     """Return the bytes of the object at *url*, or of its range ``[start, end)``.
 
-    Retries transient failures under the prefix's :class:`Retry` policy; a body shorter than
-    announced is fetched again, never returned.
+    Retries transient failures under the prefix's [`Retry`][asyncload.Retry] policy; a body
+    shorter than announced is fetched again, never returned.
 
     Args:
         url: ``https://…``, ``s3://bucket/key``, ``gs://…``, ``az://…``, ``file://…`` or a path.
@@ -233,9 +237,9 @@ async def read(url: str, *, start: int | None = None, end: int | None = None) ->
     Raises:
         NotFound: The object does not exist (a ``FileNotFoundError``).
         PermissionDenied: Missing or refused credentials (a ``PermissionError``).
-        StorageError: Any other failure, after the retries; see :mod:`asyncload._exceptions`.
+        StorageError: Any other failure, after the retries; see ``asyncload._exceptions``.
 
-    Example:
+    Examples:
         >>> header = await asyncload.read("s3://bucket/shard-0001.tar", end=512)  # doctest: +SKIP
     """
     _check_range(start, end)
@@ -283,12 +287,12 @@ async def stream(url: str, *, chunk_size: int = 1 << 20) -> AsyncIterator[bytes]
     """Yield the object at *url* in chunks of roughly *chunk_size* bytes.
 
     A connection lost midway is resumed from the last byte delivered (a range request), under
-    the same :class:`Retry` policy as :func:`read`; a chunk is never delivered twice. The resume
+    the same ``Retry`` policy as ``read``; a chunk is never delivered twice. The resume
     asks only for the version the download started with (``If-Match``/``If-Range`` with its
-    ETag): if the object was replaced meanwhile, :class:`~asyncload.ObjectChanged` is raised
+    ETag): if the object was replaced meanwhile, ``ObjectChanged`` is raised
     rather than splicing two versions.
 
-    Example:
+    Examples:
         >>> async for chunk in asyncload.stream("https://host/big.bin"):  # doctest: +SKIP
         ...     digest.update(chunk)
     """
@@ -350,7 +354,7 @@ async def _stream_remote(
 async def stat(url: str) -> ObjectInfo:
     """Size, etag and modification time of the object at *url*.
 
-    Example:
+    Examples:
         >>> info = await asyncload.stat("s3://bucket/key")  # doctest: +SKIP
         >>> info.size  # doctest: +SKIP
         1048576
@@ -363,7 +367,7 @@ async def stat(url: str) -> ObjectInfo:
 async def list_files_async(prefix_url: str) -> list[str]:
     """The sorted full URLs of every object under *prefix_url* (a "directory").
 
-    Example:
+    Examples:
         >>> urls = await asyncload.list_files_async("s3://bucket/train/")  # doctest: +SKIP
     """
     backend = _backend(prefix_url)
@@ -385,17 +389,18 @@ async def _list_and_close(prefix_url: str) -> list[str]:
 def list_files(prefix_url: str) -> list[str]:
     """The sorted full URLs of every object under *prefix_url*, from synchronous code.
 
-    Runs :func:`list_files_async` on a private event loop in a short-lived thread, so it works
-    in the main process whether or not a loop is running there, and leaves no loop behind.
-    Pagination is followed (S3 returns 1,000 keys per page). From a coroutine, await
-    :func:`list_files_async` instead: this call blocks its thread until the listing is done.
+    Runs [`list_files_async`][asyncload.list_files_async] on a private event loop in a
+    short-lived thread, so it works in the main process whether or not a loop is running there,
+    and leaves no loop behind. Pagination is followed (S3 returns 1,000 keys per page). From a
+    coroutine, await [`list_files_async`][asyncload.list_files_async] instead: this call blocks
+    its thread until the listing is done.
 
     Note:
         Listing ``s3://``, ``gs://`` or ``az://`` starts obstore's runtime threads in this
         process; a worker *forked* from it afterwards would hang. The DataLoader starts its
         workers with ``forkserver`` by default, which is safe.
 
-    Example:
+    Examples:
         >>> import asyncload
         >>> urls = asyncload.list_files("s3://bucket/train/")  # doctest: +SKIP
         >>> dataset = asyncload.RemoteFiles(urls)  # doctest: +SKIP

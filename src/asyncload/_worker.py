@@ -1,7 +1,7 @@
-"""Where an :class:`~asyncload._engine.Engine` runs: a worker process, or a thread.
+"""Where an ``Engine`` runs: a worker process, or a thread.
 
-For ``num_workers=0`` the engine runs in a thread of the main process (:class:`ThreadWorker`).
-:func:`worker_main` is the process entry point (module level, so every start method can pickle
+For ``num_workers=0`` the engine runs in a thread of the main process (``ThreadWorker``).
+``worker_main`` is the process entry point (module level, so every start method can pickle
 it): it seeds the RNGs as torch does, installs the worker info, runs ``worker_init_fn``, starts a
 uvloop loop with a thread pool as its default executor, and forwards tasks from the index queue
 into the loop from a reader thread that also watches for the main process's death.
@@ -230,7 +230,7 @@ def run_engine(
     started: Callable[[asyncio.AbstractEventLoop, asyncio.Queue[object]], None],
     recorder: _metrics.Recorder,
 ) -> None:
-    """Run an :class:`Engine` on a new event loop in this thread until it gets ``Shutdown``.
+    """Run an ``Engine`` on a new event loop in this thread until it gets ``Shutdown``.
 
     ``started(loop, inbox)`` is called once the engine can take messages; the caller feeds
     ``inbox`` through ``loop.call_soon_threadsafe``. Storage clients of the loop are closed and
@@ -279,7 +279,7 @@ def _finish_queue(result_queue: Any, abandoned: bool) -> None:
 
 
 class ThreadWorker:
-    """Runs an :class:`Engine` on its own event loop in a daemon thread of the main process."""
+    """Runs an ``Engine`` on its own event loop in a daemon thread of the main process."""
 
     def __init__(self, cfg: WorkerConfig, recorder: _metrics.Recorder) -> None:
         self.results: queue.Queue[object] = queue.Queue()

@@ -1,8 +1,10 @@
-"""The ``asyncload`` command: ``asyncload demo`` and ``asyncload bench``.
+"""The ``asyncload`` command: ``asyncload demo``, ``asyncload bench`` and ``asyncload serve``.
 
 ``asyncload demo`` shows in under a minute, with nothing to set up, what an event loop per worker
 buys over torch's one-request-at-a-time workers. ``asyncload bench URL`` measures a real store
-and recommends ``max_concurrency`` and ``num_workers`` for it. See ``docs/cli.md``.
+and recommends ``max_concurrency`` and ``num_workers`` for it. ``asyncload serve DIR`` serves a
+folder over loopback HTTP with a chosen latency, to try both without cloud credentials. See
+``docs/cli.md``.
 
 Bad input (a malformed URL, nothing under a prefix, an invalid option) prints one line and exits
 with status 2; a failure while loading prints one line and exits with 1. Neither prints a
@@ -17,6 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from . import __version__
+from ._bench import OBJECTIVES
 from ._console import UsageError, find_objects
 from ._exceptions import LoadError
 from ._redact import redact_url
@@ -142,7 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
         description=(
             "Read the objects under URL with asyncload.DataLoader for each max_concurrency and "
             "num_workers, print samples/s, MB/s and fetch latency percentiles per setting, and "
-            "recommend the cheapest setting within 5% of the best throughput."
+            "recommend a setting for --objective."
         ),
     )
     bench.add_argument(
@@ -168,8 +171,38 @@ def build_parser() -> argparse.ArgumentParser:
         "--seconds", metavar="SECONDS", type=_seconds, default=10.0,
         help="seconds per setting at most, after start-up (default: 10)",
     )  # fmt: skip
+    bench.add_argument(
+        "--objective", choices=tuple(OBJECTIVES), default="balanced",
+        help="; ".join(f"{k}: {v}" for k, v in OBJECTIVES.items()).replace("%", "%%")
+        + " (default: balanced)",
+    )  # fmt: skip
     bench.add_argument("--plot", metavar="OUT.png", help="draw samples/s against concurrency")
     _add_progress(bench)
+
+    serve = sub.add_parser(
+        "serve",
+        help="serve a folder over loopback HTTP with latency, manifest.txt included",
+        description=(
+            "Serve every file under DIR at http://HOST:PORT/<relative path>, each response "
+            "after --latency ms, with a generated manifest.txt listing them (unless DIR has "
+            "one), until Ctrl-C. For trying asyncload bench, the examples and your own "
+            "datasets without cloud credentials."
+        ),
+    )
+    serve.add_argument("dir", metavar="DIR", help="the folder to serve")
+    serve.add_argument(
+        "--latency", metavar="MS", type=_seconds, default=0.0,
+        help="milliseconds before each response, a storage round trip (default: 0)",
+    )  # fmt: skip
+    serve.add_argument(
+        "--port", metavar="N", type=_count, default=8000,
+        help="TCP port; 0 picks a free one (default: 8000)",
+    )  # fmt: skip
+    serve.add_argument("--host", default="127.0.0.1", help="address (default: 127.0.0.1)")
+    serve.add_argument(
+        "--demo-data", metavar="N", type=_positive_int, default=None,
+        help="first write N of the demo's records (CIFAR-10 layout) into DIR, for demo --url",
+    )  # fmt: skip
     return parser
 
 
@@ -199,10 +232,19 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from ._bench import BenchConfig, bench_table, check_plotting, plot, recommend, run_bench
+    from ._bench import (
+        BenchConfig,
+        backlog_suspects,
+        bench_table,
+        check_plotting,
+        fmt_ms,
+        plot,
+        recommend,
+        run_bench,
+    )
 
     if args.plot:
-        check_plotting()
+        check_plotting(args.plot)
     urls = find_objects(args.url)
     cfg = BenchConfig(
         concurrency=args.concurrency,
@@ -219,18 +261,58 @@ def _bench(args: argparse.Namespace) -> int:
     )
     results = run_bench(urls, cfg)
     print(bench_table(results))
-    best = recommend(results)
+    for r in backlog_suspects(results):
+        assert r.stats is not None
+        print(
+            f"note: at num_workers={r.workers}, max_concurrency={r.concurrency} fetch latencies "
+            f"sit at the kernel's SYN retry marks, 1 s, 3 s, 7 s... above the store's own "
+            f"(p50 {fmt_ms(r.stats.latency_p50)} ms, p99 {fmt_ms(r.stats.latency_p99)} ms): the "
+            "server's listen backlog looks full, and dropped connections wait to be retried. "
+            "Raise the server's backlog (python -m http.server's is 5) or lower "
+            "max_concurrency; see Troubleshooting in the docs."
+        )
+    best = recommend(results, args.objective)
     if best is None:
         print("recommended: none (every setting failed)")
         return EXIT_FAILURE
+    assert best.stats is not None
     print(
         f"recommended: num_workers={best.workers}, max_concurrency={best.concurrency} "
-        f"({best.samples_per_s:,.0f} samples/s; the cheapest setting within 5% of the best)"
+        f"({best.samples_per_s:,.0f} samples/s, p50 {fmt_ms(best.stats.latency_p50)} ms; "
+        f"objective {args.objective})"
     )
+    print(f"  {args.objective}: {OBJECTIVES[args.objective]}")
     if args.plot:
         plot(results, args.plot)
         print(f"plot: {args.plot}")
     return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import asyncio
+    from pathlib import Path
+
+    from ._demo_server import make_record, object_name
+    from ._serve import FolderObjects, serve_folder
+
+    root = Path(args.dir)
+    if args.demo_data is not None:
+        root.mkdir(parents=True, exist_ok=True)
+        for i in range(args.demo_data):
+            (root / object_name(i)).write_bytes(make_record(i, seed=0))
+    objects = FolderObjects(root)
+    try:
+        asyncio.run(
+            serve_folder(objects, latency=args.latency / 1e3, host=args.host, port=args.port)
+        )
+    except OSError as exc:
+        raise UsageError(
+            f"can't listen on {args.host}:{args.port}: {exc.strerror or exc}"
+        ) from None
+    return 0
+
+
+_COMMANDS = {"demo": _demo, "bench": _bench, "serve": _serve}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -245,7 +327,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
     try:
-        return _demo(args) if args.command == "demo" else _bench(args)
+        return _COMMANDS[args.command](args)
     except UsageError as exc:
         print(f"asyncload {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -28,7 +28,7 @@ from asyncload.sources._base import Resume
 
 from ..datasets.test_tar import make_tar, shard_members
 
-pytest.importorskip("obstore", reason="obstore (asyncload[s3]) is not installed")
+pytest.importorskip("obstore", reason="obstore (asyncload-torch[s3]) is not installed")
 
 DATA = bytes(range(256)) * 40
 BIG = bytes(range(251)) * 9000  # ~2.2 MB: several chunks, cut midway by the proxy

@@ -18,7 +18,7 @@ from asyncload.sources import _s3
 from .._http_server import ObjectServer, serve_in_thread, stop
 from .._s3_server import ACCESS_KEY, REGION, SECRET_KEY, S3Server
 
-pytest.importorskip("obstore", reason="obstore (asyncload[s3]) is not installed")
+pytest.importorskip("obstore", reason="obstore (asyncload-torch[s3]) is not installed")
 
 pytestmark = pytest.mark.usefixtures("clean_storage")
 

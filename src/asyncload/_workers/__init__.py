@@ -1,6 +1,6 @@
 """Where a pass's engines run, behind one small protocol: worker processes, or one thread.
 
-:class:`~asyncload._pass.Pass` talks to a :class:`Workers` object only; it never knows which
+``_pass.Pass`` talks to a ``Workers`` object only; it never knows which
 kind it has. Each implementation does, in one place, what differs between them: how a message
 reaches an engine, where a reply is unpacked and pinned (``get``), how liveness is checked and
 how the engines are stopped (NOTE [ Data flow and shutdown ] in ``_protocol.py``).
@@ -38,10 +38,10 @@ class Workers(Protocol):
 
     def get(self, timeout: float) -> object | None:
         """The next reply from any engine, unpacked and (``pin_memory``) pinned; ``None`` after
-        *timeout* seconds. Raises :class:`~asyncload.WorkerError` when an engine died."""
+        *timeout* seconds. Raises [`WorkerError`][asyncload.WorkerError] when an engine died."""
 
     def check_alive(self) -> None:
-        """Raise :class:`~asyncload.WorkerError` if an engine (or the pin thread) is gone."""
+        """Raise [`WorkerError`][asyncload.WorkerError] if an engine (or the pin thread) is gone."""
 
     def close(self) -> None:
         """Stop every engine and release its resources; safe to call more than once."""

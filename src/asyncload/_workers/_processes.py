@@ -1,6 +1,6 @@
 """Worker processes: start, send, receive (unpack and pin), liveness, and the shutdown protocol.
 
-See NOTE [ Data flow and shutdown ] in ``_protocol.py``; :meth:`ProcessWorkers.close` is its
+See NOTE [ Data flow and shutdown ] in ``_protocol.py``; ``ProcessWorkers.close`` is its
 shutdown sequence, and the only one.
 """
 
@@ -41,12 +41,12 @@ PICKLE_WARNING = (  # torch's, word for word: code and tests match on it
 
 
 class ProcessWorkers:
-    """The :class:`~asyncload._workers.Workers` of a pass with ``num_workers > 0``.
+    """The ``_workers.Workers`` of a pass with ``num_workers > 0``.
 
     Owns the processes, their queues, the done event, the pin-memory thread and one
     shared-memory block pool name per worker (NOTE [ Reused shared memory ]). Replies are
     unpacked (their shared memory mapped) on the pin-memory thread, which also pins them, or
-    without pinning in :meth:`get`, on the training thread.
+    without pinning in ``get``, on the training thread.
 
     Args:
         configs: One per worker; the process-only fields (pool, environment) are filled here.

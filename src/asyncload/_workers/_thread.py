@@ -19,9 +19,9 @@ _JOIN_TIMEOUT = 5.0
 
 
 class ThreadWorkers:
-    """The :class:`~asyncload._workers.Workers` of a ``num_workers=0`` pass.
+    """The ``_workers.Workers`` of a ``num_workers=0`` pass.
 
-    Replies are pinned in :meth:`get`, on the training thread, as torch's single-process
+    Replies are pinned in ``get``, on the training thread, as torch's single-process
     iterator pins; nothing needs unpacking (no process boundary).
     """
 

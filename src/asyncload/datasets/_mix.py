@@ -9,7 +9,7 @@ Every reader (worker ``w`` of rank ``r``) runs the same small state machine::
 The choice sequence depends only on ``(seed, epoch, reader, readers)`` and on when sources run
 out, never on network timing, so a pass can be replayed exactly. Resuming after ``skip`` samples
 replays the choices without fetching: map-style sources only advance an index, iterable sources
-resume through their own ``aiter_from`` where the mode allows it (see :meth:`Mix.aiter_from`).
+resume through their own ``aiter_from`` where the mode allows it (see ``Mix.aiter_from``).
 """
 
 from __future__ import annotations
@@ -139,7 +139,7 @@ class Mix(IterableDataset[Any]):
         stop: ``"first"`` or ``"all"``, see above. Ignored with ``samples``.
         samples: Total samples per pass (epoch), over all ranks and workers.
 
-    Example:
+    Examples:
         >>> import asyncload
         >>> web = asyncload.TarShards("s3://bucket/web-{000..099}.tar")  # doctest: +SKIP
         >>> code = asyncload.TarShards("s3://bucket/code-{000..019}.tar")  # doctest: +SKIP

@@ -57,7 +57,7 @@ def _wanted(decode: Callable[..., Any] | None) -> tuple[str, ...]:
 class RemoteFiles(Dataset[Any]):
     """One sample per object URL: ``dataset[i]`` reads URL ``i`` and decodes it.
 
-    Works with any scheme :func:`asyncload.read` knows (``https://``, ``s3://``, ``gs://``,
+    Works with any scheme ``asyncload.read`` knows (``https://``, ``s3://``, ``gs://``,
     ``az://``, ``file://``, plain paths). ``decode`` runs in the worker process; with
     ``decode_in_thread=True`` it runs in the worker's thread pool, so a CPU-heavy decoder (JPEG,
     audio) does not stop the event loop from fetching the next samples meanwhile.
@@ -76,9 +76,10 @@ class RemoteFiles(Dataset[Any]):
             module-level function) to reach ``forkserver``/``spawn`` workers.
         decode_in_thread: Run ``decode`` via ``loop.run_in_executor(None, ...)``.
         storage_options: ``{prefix: StorageOptions or dict}`` applied with
-            :func:`asyncload.configure_all` in each process that reads from this dataset.
+            [`asyncload.configure_all`][asyncload.configure_all] in each process that reads from
+            this dataset.
 
-    Example:
+    Examples:
         >>> import asyncload, io
         >>> from PIL import Image  # doctest: +SKIP
         >>> def decode(data):
@@ -119,10 +120,11 @@ class RemoteFiles(Dataset[Any]):
     ) -> RemoteFiles:
         """A dataset over every object under *prefix_url*, in sorted URL order.
 
-        Lists with :func:`asyncload.list_files` (so ``storage_options`` are applied in this
-        process first). See that function's note on forking after listing object stores.
+        Lists with [`asyncload.list_files`][asyncload.list_files] (so ``storage_options`` are
+        applied in this process first). See that function's note on forking after listing object
+        stores.
 
-        Example:
+        Examples:
             >>> ds = asyncload.RemoteFiles.from_prefix("s3://bucket/val/")  # doctest: +SKIP
         """
         if storage_options:

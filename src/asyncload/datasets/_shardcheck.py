@@ -2,9 +2,9 @@
 
 A shard cut short exactly at a member boundary parses cleanly (tar has no length field for the
 whole archive), and an empty object is a valid empty stream: without a word here both would
-just yield fewer samples. Two signs are left, and each gives an :class:`AsyncloadWarning` and
+just yield fewer samples. Two signs are left, and each gives an ``AsyncloadWarning`` and
 a count: no sample at all, and no end-of-archive block (every tar writer writes one). A shard
-cut inside a member or a header raises :class:`ArchiveError` in the parser instead, and a
+cut inside a member or a header raises ``ArchiveError`` in the parser instead, and a
 gzip-compressed one is checked against its gzip trailer. Shards whose server sends a
 ``Content-Length`` are checked against it by the storage layer too.
 """
@@ -23,9 +23,9 @@ __all__ = ["ShardStats", "note_ending"]
 
 @dataclass(frozen=True, slots=True)
 class ShardStats:
-    """What the shards streamed in this process looked like (see :meth:`TarShards.shard_stats`).
+    """What the shards streamed in this process looked like (see ``TarShards.shard_stats``).
 
-    Example:
+    Examples:
         >>> ShardStats(shards=8, empty=0, unterminated=1).suspect
         1
     """
@@ -33,10 +33,10 @@ class ShardStats:
     shards: int = 0
     """Shards read to their end."""
     empty: int = 0
-    """Shards that held no sample (an :class:`AsyncloadWarning` each)."""
+    """Shards that held no sample (an [`AsyncloadWarning`][asyncload.AsyncloadWarning] each)."""
     unterminated: int = 0
     """Shards with samples that ended without tar's end-of-archive block, as a shard cut short
-    at a member boundary does (an :class:`AsyncloadWarning` each)."""
+    at a member boundary does (an [`AsyncloadWarning`][asyncload.AsyncloadWarning] each)."""
 
     @property
     def suspect(self) -> int:

@@ -1,6 +1,6 @@
 """``write_shards``: pack a folder of files, or an iterable of samples, into tar shards.
 
-Writing happens once, offline, from trusted data, so the standard library's :mod:`tarfile` is
+Writing happens once, offline, from trusted data, so the standard library's ``tarfile`` is
 the right tool here (reading is another matter: see ``_tarstream``). Shards are reproducible:
 members are written in key order with a fixed mtime, owner and mode, in POSIX pax format (long
 names are fine). Each shard is written to a temporary file and then renamed into place (a local
@@ -35,9 +35,9 @@ Patterns = str | Iterable[str] | None
 
 @dataclass(frozen=True)
 class ShardSummary(Sequence[str]):
-    """What :func:`write_shards` wrote; it is also the sequence of the shards' paths or URLs.
+    """What ``write_shards`` wrote; it is also the sequence of the shards' paths or URLs.
 
-    Example:
+    Examples:
         >>> s = ShardSummary(("/out/shard-000000.tar",), samples=3, files=6, bytes=10240)
         >>> len(s), s[0]
         (1, '/out/shard-000000.tar')
@@ -177,7 +177,7 @@ def write_shards(
     include: Patterns = None,
     exclude: Patterns = DEFAULT_EXCLUDE,
 ) -> ShardSummary:
-    """Write WebDataset-style tar shards that :class:`asyncload.TarShards` reads.
+    """Write WebDataset-style tar shards that [`TarShards`][asyncload.TarShards] reads.
 
     Args:
         samples: A folder (its files are grouped by key: ``a/x.jpg`` and ``a/x.cls`` make sample
@@ -185,7 +185,7 @@ def write_shards(
             (bytes, str, numbers, or dicts/lists written as JSON).
         out_dir: Where to write ``{prefix}000000.tar``, ``{prefix}000001.tar``, ...: a local
             folder (created), or an ``s3://``, ``gs://`` or ``az://`` prefix, uploaded with the
-            settings :func:`asyncload.configure` gives that prefix (obstore needed).
+            settings [`configure`][asyncload.configure] gives that prefix (obstore needed).
         samples_per_shard: Samples per shard; the last shard may hold fewer.
         prefix: File name prefix of the shards.
         include: For a folder: glob pattern(s) a file must match to be packed (all files when
@@ -195,7 +195,7 @@ def write_shards(
             The default leaves out ``manifest.txt`` files; a value of your own replaces it.
 
     Returns:
-        A :class:`ShardSummary`: the shards' paths (or URLs) in order, as a sequence, and how
+        A ``ShardSummary``: the shards' paths (or URLs) in order, as a sequence, and how
         many samples, files and bytes were written and which files were left out and why
         (``print(summary)`` shows it in one line).
 
@@ -203,7 +203,7 @@ def write_shards(
         ValueError: A bad key, ``samples_per_shard < 1``, ``include``/``exclude`` given for
             samples that are not a folder, or an ``out_dir`` URL that is not an object store.
 
-    Example:
+    Examples:
         >>> from asyncload.datasets import write_shards
         >>> summary = write_shards("/data/images", "s3://bucket/shards", exclude="*.tmp")
         ... # doctest: +SKIP

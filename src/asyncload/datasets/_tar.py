@@ -7,7 +7,7 @@ an epoch can be replayed exactly and resumed by skipping::
     assign shards ──► stream + parse N shards at once ──► round-robin interleave ──►
         [cap at samples_per_rank] ──► [seeded shuffle buffer] ──► [skip] ──► decode ──► yield
 
-Shards are fetched with :func:`asyncload.stream`; each open shard's parser fills a small
+Shards are fetched with ``asyncload.stream``; each open shard's parser fills a small
 byte-bounded buffer of samples while the interleaver takes one sample from each open shard in
 turn, waiting for a slow one rather than taking whichever arrives first.
 """
@@ -92,12 +92,12 @@ class TarShards(IterableDataset[Sample]):
     **Compression.** A shard whose name ends in ``.tar.gz`` or ``.tgz`` (or whose bytes start
     like gzip) is decompressed as it streams, never held whole.
 
-    **Safety.** Absolute paths, ``..``, links, devices and fifos raise :class:`ArchiveError`, as
+    **Safety.** Absolute paths, ``..``, links, devices and fifos raise ``ArchiveError``, as
     do corrupt headers (naming the shard and the byte offset). Members ending in one of
-    :data:`PICKLE_EXTENSIONS`, in any letter case, stay ``bytes`` unless ``allow_pickle=True``.
+    ``PICKLE_EXTENSIONS``, in any letter case, stay ``bytes`` unless ``allow_pickle=True``.
     A shard that holds no sample, or ends without tar's end-of-archive block (cut short at a
-    member boundary), gives an :class:`AsyncloadWarning` and is counted in
-    :meth:`shard_stats`.
+    member boundary), gives an [`AsyncloadWarning`][asyncload.AsyncloadWarning] and is counted in
+    ``shard_stats``.
 
     Args:
         urls: Shard URLs (any iterable of ``str`` or a NumPy array), or one pattern as WebDataset
@@ -113,18 +113,18 @@ class TarShards(IterableDataset[Sample]):
             CPU-heavy decoding (images, audio) overlaps with streaming.
         shards_in_flight: Shards each reader interleaves at once.
         handler: What a corrupt shard, an unsafe member or a failing decoder does: ``"raise"``
-            (default), ``"warn"`` (an :class:`AsyncloadWarning`, then carry on) or ``"skip"``
-            (carry on silently), or ``fn(exc) -> bool`` returning whether to carry on. Carrying
-            on skips the member, the sample or the rest of the shard.
-        allow_pickle: Decode pickle members (``pyd``, ``pickle``, ``pkl`` with :mod:`pickle`;
+            (default), ``"warn"`` (an [`AsyncloadWarning`][asyncload.AsyncloadWarning], then
+            carry on) or ``"skip"`` (carry on silently), or ``fn(exc) -> bool`` returning whether
+            to carry on. Carrying on skips the member, the sample or the rest of the shard.
+        allow_pickle: Decode pickle members (``pyd``, ``pickle``, ``pkl`` with ``pickle``;
             ``pth``, ``pt`` with ``torch.load``). Only for shards you trust.
         samples_per_rank: Yield exactly this many samples per rank and epoch (see above).
         chunk_size: Bytes per streamed chunk.
         buffer_bytes: Bytes of parsed samples each open shard may hold before it waits.
-        storage_options: ``{prefix: options}`` applied with :func:`asyncload.configure_all` in
-            each process that reads.
+        storage_options: ``{prefix: options}`` applied with
+            [`asyncload.configure_all`][asyncload.configure_all] in each process that reads.
 
-    Example:
+    Examples:
         >>> import asyncload, json
         >>> ds = asyncload.TarShards(
         ...     "s3://bucket/train-{000000..000099}.tar",
@@ -198,7 +198,7 @@ class TarShards(IterableDataset[Sample]):
         Each worker process counts its own shards (a copy of the dataset lives in each);
         with ``num_workers=0`` the loader's own process does the reading.
 
-        Example:
+        Examples:
             >>> TarShards(["/data/0.tar"]).shard_stats().suspect
             0
         """
@@ -210,9 +210,9 @@ class TarShards(IterableDataset[Sample]):
         self.epoch = int(epoch)
 
     def shard_indices(self, rank: int, world_size: int, worker: int, num_workers: int) -> list[int]:
-        """Indices into :attr:`urls` that reader ``(rank, worker)`` streams this epoch, in order.
+        """Indices into ``urls`` that reader ``(rank, worker)`` streams this epoch, in order.
 
-        Example:
+        Examples:
             >>> ds = TarShards([f"/data/{i}.tar" for i in range(10)], seed=1)
             >>> sorted(ds.shard_indices(0, 2, 0, 1) + ds.shard_indices(1, 2, 0, 1)) != []
             True

@@ -3,19 +3,19 @@
 ``tarfile`` wants a seekable file (or a blocking stream), and extracting is exactly what a data
 loader must never do with untrusted shards. This reader understands the subset of tar that shards
 use — ustar, GNU (long names ``L``/``K``, base-256 sizes) and POSIX pax (``x``/``g`` records for
-long paths and large sizes) — and hands out members as :class:`Member` in archive
+long paths and large sizes) — and hands out members as ``Member`` in archive
 order. Every other member kind is reported, not acted on, so the caller decides its policy::
 
     chunks ──► _Buffer ──► 512-byte header ──► pax/GNU extensions ──► Member(name, kind, data)
 
 A corrupt header (bad checksum, bad number) or a stream that ends inside a header or a member
-raises :class:`~asyncload.ArchiveError` naming the shard (redacted) and the byte offset. A stream
+raises ``ArchiveError`` naming the shard (redacted) and the byte offset. A stream
 that ends *between* members without tar's end-of-archive blocks is not an error (tarfile and GNU
-tar accept it) but is reported through :class:`Ending`, so the caller can warn: it is what a
+tar accept it) but is reported through ``Ending``, so the caller can warn: it is what a
 shard cut short at a member boundary looks like.
 
-Also here, the small pieces ``TarShards`` builds samples with: :func:`split_name` (WebDataset's
-key/extension rule), :func:`expand_urls` (brace patterns) and :class:`Channel` (one shard's
+Also here, the small pieces ``TarShards`` builds samples with: ``split_name`` (WebDataset's
+key/extension rule), ``expand_urls`` (brace patterns) and ``Channel`` (one shard's
 parsed samples on their way to the interleaver).
 """
 
@@ -63,7 +63,7 @@ _GNU_MAGIC = b"ustar  \0"
 # "::" joins patterns, except inside an IPv6 host literal such as http://[::1]:8000/.
 _JOIN = re.compile(r"::(?![^\[]*\])")
 END = object()
-"""The last item of a :class:`Channel` whose shard was read to the end."""
+"""The last item of a ``Channel`` whose shard was read to the end."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +79,7 @@ class Member:
 
 @dataclass(slots=True)
 class Ending:
-    """How a tar stream ended, filled in by :func:`iter_members` as it reads.
+    """How a tar stream ended, filled in by ``iter_members`` as it reads.
 
     ``marker``: tar's end-of-archive block was read (every tar writer writes it, so a shard
     without it was most likely cut short). ``size``: bytes of the archive read.
@@ -298,7 +298,7 @@ def expand_urls(pattern: str) -> list[str]:
     their zero padding, ``{0..98..2}`` steps, ``{a..e}`` letters, ``{a,b}`` lists, and braces
     nest (``{train-{0..1},val}``). ``\\{`` and ``\\}`` are literal braces.
 
-    Example:
+    Examples:
         >>> expand_urls("s3://bucket/train-{00..02}.tar")
         ['s3://bucket/train-00.tar', 's3://bucket/train-01.tar', 's3://bucket/train-02.tar']
         >>> expand_urls("/a/{0..4..2}.tar::/b/x.tar")
@@ -325,7 +325,7 @@ def split_name(name: str) -> tuple[str, str] | None:
 
 
 class Failed:
-    """The last item of a :class:`Channel` whose producer failed; ``handled``: the error
+    """The last item of a ``Channel`` whose producer failed; ``handled``: the error
     policy was already applied."""
 
     __slots__ = ("exc", "handled")

@@ -4,7 +4,7 @@ The store is built exactly as reads build theirs (``asyncload.configure`` option
 prefix, then the standard environment variables), so a bucket that ``TarShards`` can read with
 some settings is written with the same ones. ``obstore.put`` is atomic (a single PUT, or a
 multipart upload completed at the end): a shard appears whole or not at all, and a failed
-attempt can simply be made again, under the prefix's :class:`asyncload.Retry` policy.
+attempt can simply be made again, under the prefix's [`Retry`][asyncload.Retry] policy.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ OBJECT_STORE_SCHEMES = ("s3", "gs", "az")
 
 
 def is_object_store(url: str) -> bool:
-    """Whether *url* names a place in an object store that :func:`put_file` can write to."""
+    """Whether *url* names a place in an object store that ``put_file`` can write to."""
     return split_scheme(url) in OBJECT_STORE_SCHEMES
 
 

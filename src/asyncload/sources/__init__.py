@@ -5,13 +5,13 @@ Importing this package registers the built-in backends:
 =====================  ==========================  ==============================
 scheme                 module                      library
 =====================  ==========================  ==============================
-``http``, ``https``    :mod:`._http`               aiohttp
-``s3``, ``gs``, ``az`` :mod:`._s3`                 obstore (optional dependency);
-                       (+ :mod:`._cloud_config`)   options mapped per cloud
-``file``, plain paths  :mod:`._local`              aiofiles / the default executor
+``http``, ``https``    ``._http``               aiohttp
+``s3``, ``gs``, ``az`` ``._s3``                 obstore (optional dependency);
+                       (+ ``._cloud_config``)   options mapped per cloud
+``file``, plain paths  ``._local``              aiofiles / the default executor
 =====================  ==========================  ==============================
 
-Example:
+Examples:
     >>> from asyncload.sources import Backend, register
     >>> class Memory(Backend):  # doctest: +SKIP
     ...     ...
@@ -20,6 +20,7 @@ Example:
 
 from __future__ import annotations
 
+from .._retry import AttemptFailed
 from . import _http, _local, _s3  # noqa: F401 - importing registers the backends
 from ._base import (
     Backend,
@@ -31,6 +32,7 @@ from ._base import (
 )
 
 __all__ = [
+    "AttemptFailed",
     "Backend",
     "ObjectInfo",
     "StorageOptions",

@@ -1,8 +1,8 @@
 """What a storage backend is, the options it receives, and the registry of URL schemes.
 
 A backend makes **one attempt** per call and reports failure as
-:class:`~asyncload._retry.AttemptFailed`; retries, stats and the public errors live in
-:mod:`asyncload._storage`. Each backend module maps its library's exceptions in one function
+``AttemptFailed``; retries, stats and the public errors live in
+``asyncload._storage``. Each backend module maps its library's exceptions in one function
 (``map_error``), the way httpcore's ``map_exceptions`` does, so nothing library-specific leaks
 out of the module.
 
@@ -41,9 +41,9 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class ObjectInfo:
-    """What :func:`asyncload.stat` knows about one object.
+    """What [`asyncload.stat`][asyncload.stat] knows about one object.
 
-    Example:
+    Examples:
         >>> info = await asyncload.stat("s3://bucket/images/0001.jpg")  # doctest: +SKIP
         >>> info.size, info.etag  # doctest: +SKIP
         (48213, '"9b2cf535f27731c974343645a3985328"')
@@ -61,12 +61,12 @@ class ObjectInfo:
 
 @dataclass(frozen=True, slots=True)
 class StorageOptions:
-    """Settings for every URL under one prefix; see :func:`asyncload.configure`.
+    """Settings for every URL under one prefix; see [`asyncload.configure`][asyncload.configure].
 
     Options a backend has no use for are ignored by it (``region`` means nothing to a web
     server). All fields are picklable, so the same settings reach every worker process.
 
-    Example:
+    Examples:
         >>> import asyncload
         >>> opts = asyncload.StorageOptions(endpoint="http://127.0.0.1:9000", read_timeout=10.0)
         >>> asyncload.configure("s3://my-bucket", opts)  # doctest: +SKIP
@@ -102,7 +102,7 @@ class StorageOptions:
     extra: Mapping[str, Any] = field(default_factory=dict)
     """Backend-specific settings passed through unchanged (obstore config keys for S3/GCS/Azure)."""
     hedge: Hedge | None = field(default_factory=Hedge)
-    """Hedged reads: a second GET for a request that straggles (:class:`~asyncload.Hedge`);
+    """Hedged reads: a second GET for a request that straggles ([`Hedge`][asyncload.Hedge]);
     ``None`` switches them off. Never used for local files."""
     cache_dir: str | None = None
     """Directory of the local cache of whole objects, shared by every process on the machine
@@ -139,14 +139,14 @@ DEFAULT_OPTIONS = StorageOptions()
 
 @dataclass(slots=True)
 class Resume:
-    """What one :func:`asyncload.stream` download knows about the object across its attempts.
+    """What one [`stream`][asyncload.stream] download knows about the object across its attempts.
 
     The first attempt's backend records the object's version (``etag``, ``size``); an attempt
     that resumes at ``start > 0`` asks only for that version (HTTP ``If-Match`` and
     ``If-Range``, S3 ``if_match``) and checks what it got, so two versions are never spliced.
     A changed object is reported as ``AttemptFailed(ObjectChanged, ..., status=412)``.
 
-    Example:
+    Examples:
         >>> resume = Resume()
         >>> resume.etag is None
         True
@@ -160,9 +160,9 @@ class Resume:
 
 class Backend(abc.ABC):
     """One storage protocol. Every method makes a single attempt and may raise
-    :class:`~asyncload._retry.AttemptFailed`; anything else is a bug or a cancellation.
+    ``AttemptFailed``; anything else is a bug or a cancellation.
 
-    Example:
+    Examples:
         >>> class Memory(Backend):  # doctest: +SKIP
         ...     async def read(self, url, start, end, options):
         ...         return OBJECTS[url][start or 0 : end]
@@ -185,15 +185,15 @@ class Backend(abc.ABC):
     def stream_version(
         self, url: str, start: int, chunk_size: int, options: StorageOptions, resume: Resume
     ) -> AsyncGenerator[bytes, None]:
-        """Like :meth:`stream`, but of one version of the object only: what
-        :func:`asyncload.stream` calls, with the same *resume* on every attempt.
+        """Like [`stream`][asyncload.stream], but of one version of the object only: what
+        [`stream`][asyncload.stream] calls, with the same *resume* on every attempt.
 
         When ``resume.etag`` is ``None``, record the object's validator (and size) there from
         the response. Otherwise (a resume at ``start > 0``) read only that version (HTTP
         ``If-Match``/``If-Range``, obstore ``GetOptions(if_match=...)``) and raise
         ``AttemptFailed(ObjectChanged, ..., status=412)`` when the object is another one now.
 
-        The default is plain :meth:`stream`, which cannot tell that the object was replaced
+        The default is plain ``stream``, which cannot tell that the object was replaced
         between a cut and the resume; backends override it.
         """
         del resume
@@ -257,7 +257,7 @@ _SCHEMES: dict[str, str] = {}
 
 
 def backend_for(url: str) -> Backend:
-    """The backend serving *url*; :class:`InvalidURL` lists the schemes there are."""
+    """The backend serving *url*; ``InvalidURL`` lists the schemes there are."""
     if not isinstance(url, str):
         raise InvalidURL(f"a URL must be a str, not {type(url).__name__}: {url!r}")
     try:
@@ -280,14 +280,14 @@ _KEEP = "!#$%&'()*+,/:;=?@[]~"
 
 
 def encode_url(url: str) -> str:
-    """*url* as it must go on the wire, or :class:`AttemptFailed` (``InvalidURL``).
+    """*url* as it must go on the wire, or ``AttemptFailed`` (``InvalidURL``).
 
     Spaces, TABs, control and non-ASCII characters in the path and query are percent-encoded
     (UTF-8), as is a ``%`` that starts no escape; escapes already there are kept, so a presigned
     URL stays valid. What cannot name one object is refused instead of being silently changed:
     a lone surrogate, whitespace in the host, a port out of range, a broken IPv6 literal.
 
-    Example:
+    Examples:
         >>> encode_url("http://h/a b\tc.bin?x=ä")
         'http://h/a%20b%09c.bin?x=%C3%A4'
     """

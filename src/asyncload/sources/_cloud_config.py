@@ -1,4 +1,4 @@
-"""How :class:`StorageOptions` become an obstore store's configuration, per cloud.
+"""How ``StorageOptions`` become an obstore store's configuration, per cloud.
 
 The same option means the same thing on every backend: ``endpoint=`` is S3's ``endpoint``,
 GCS's ``base_url`` and Azure's ``endpoint``; ``allow_http`` defaults to on for an ``http://``
@@ -11,8 +11,8 @@ Beyond what obstore reads from the environment itself (``AWS_*``, ``GOOGLE_*``,
 - ``AZURE_STORAGE_CONNECTION_STRING``: ``AccountName``, ``AccountKey``, ``BlobEndpoint``,
   ``SharedAccessSignature`` or ``UseDevelopmentStorage=true`` (Azurite).
 
-Option keys in ``credentials=`` and ``extra=`` are checked at :func:`asyncload.configure` time
-against the keys obstore knows for that cloud (:func:`check_options`), so a misspelt key fails
+Option keys in ``credentials=`` and ``extra=`` are checked at ``configure`` time
+against the keys obstore knows for that cloud (``check_options``), so a misspelt key fails
 where it was written, not in a worker at the first read.
 """
 
@@ -96,7 +96,7 @@ _CONNECTION_STRING_KEYS = {
 
 
 def canonical_key(scheme: str, key: str) -> str:
-    """``"AWS_SECRET_ACCESS_KEY"`` → ``"secret_access_key"`` (the name in :data:`VALID_KEYS`)."""
+    """``"AWS_SECRET_ACCESS_KEY"`` → ``"secret_access_key"`` (the name in ``VALID_KEYS``)."""
     name = key.lower()
     if name in VALID_KEYS[scheme]:
         return name
@@ -107,9 +107,9 @@ def canonical_key(scheme: str, key: str) -> str:
 
 
 def check_options(prefix: str, scheme: str, options: StorageOptions) -> None:
-    """Raise :class:`TypeError` naming the valid keys when a config key is unknown to *scheme*.
+    """Raise ``TypeError`` naming the valid keys when a config key is unknown to *scheme*.
 
-    Example:
+    Examples:
         >>> check_options("s3://b", "s3", StorageOptions(credentials={"secret_acess_key": "x"}))
         Traceback (most recent call last):
         TypeError: unknown s3 option 'secret_acess_key' in credentials= for 's3://b' ...

@@ -1,13 +1,13 @@
 """``http://`` and ``https://`` through aiohttp: one ClientSession per event loop.
 
 The session is created lazily on first use in a loop, with a connector sized by
-:func:`~asyncload.sources._base.pool_size` (keep-alive on). It is closed by
-:func:`asyncload.aclose`, or, when nobody calls that, by the loop's own shutdown: a parked async
+``pool_size`` (keep-alive on). It is closed by
+``asyncload.aclose``, or, when nobody calls that, by the loop's own shutdown: a parked async
 generator holds the session and ``loop.shutdown_asyncgens()`` (which ``asyncio.run`` calls)
 finalizes it.
 
 Redirects are followed by hand so that a redirect to another host (or to ``file:``) is refused
-unless :attr:`StorageOptions.allow_cross_host_redirects` is set.
+unless ``StorageOptions.allow_cross_host_redirects`` is set.
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ async def _close_at_loop_shutdown(session: aiohttp.ClientSession) -> AsyncIterat
 class HttpBackend(Backend):
     """aiohttp-based backend for ``http`` and ``https`` URLs.
 
-    Example:
+    Examples:
         >>> data = await asyncload.read("https://example.com/data/0001.bin")  # doctest: +SKIP
     """
 

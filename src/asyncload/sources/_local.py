@@ -105,7 +105,7 @@ def _walk(root: str) -> list[str]:
 class LocalBackend(Backend):
     """Backend for ``file://`` URLs and plain paths.
 
-    Example:
+    Examples:
         >>> head = await asyncload.read("/data/shard-01.tar", end=512)  # doctest: +SKIP
     """
 

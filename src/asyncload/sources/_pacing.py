@@ -6,7 +6,7 @@ connections turns a 1 ms request into a 1 s or 3 s one, silently. Holding the *c
 is not enough: the handshake completes in the kernel before the server calls ``accept()``, so
 a connection only proves that the server took it when its first response arrives.
 
-:class:`PacedConnector` therefore lets at most ``burst`` connections per host be *unproven*
+``PacedConnector`` therefore lets at most ``burst`` connections per host be *unproven*
 (opened, with no response yet). A slot is given back at the first response on the connection,
 when the connection fails, or after ``grace`` seconds, so that a slow but healthy server (whose
 first response takes longer than ``grace``) still gets its pool filled quickly: ``burst``
@@ -57,9 +57,9 @@ class _Host:
 
 
 class PacedConnector(aiohttp.TCPConnector):
-    """A :class:`aiohttp.TCPConnector` that paces new connections per host (see module doc).
+    """A ``aiohttp.TCPConnector`` that paces new connections per host (see module doc).
 
-    Example:
+    Examples:
         >>> connector = PacedConnector(limit=64)  # doctest: +SKIP
         >>> session = aiohttp.ClientSession(connector=connector)  # doctest: +SKIP
     """

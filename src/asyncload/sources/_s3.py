@@ -2,14 +2,14 @@
 
 One store per bucket (container) per process, built on first use from the bucket URL, the cloud's
 standard environment variables, and the options configured for the URL's prefix, mapped to each
-store's own configuration keys by :mod:`._cloud_config`. obstore's own
-retries are turned off (``max_retries=0``) so that :class:`asyncload.Retry` alone decides, and
+store's own configuration keys by ``._cloud_config``. obstore's own
+retries are turned off (``max_retries=0``) so that [`Retry`][asyncload.Retry] alone decides, and
 the attempt count in errors and stats is the true one.
 
 Fork safety: obstore runs a Tokio runtime in background threads. A process forked from a parent
 that has used obstore inherits the runtime's state without its threads and hangs on first use.
 Worker processes must therefore be started with ``forkserver`` or ``spawn`` (the DataLoader's
-default) whenever the main process touches these URLs, e.g. through :func:`asyncload.list_files`.
+default) whenever the main process touches these URLs, e.g. through ``asyncload.list_files``.
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ def _build_store(scheme: str, bucket: str, options: StorageOptions) -> Any:
         from obstore.store import from_url
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise AttemptFailed(
-            InvalidURL, f"{scheme}:// URLs need obstore: pip install 'asyncload[s3]' ({exc})"
+            InvalidURL, f"{scheme}:// URLs need obstore: pip install 'asyncload-torch[s3]' ({exc})"
         ) from exc
     try:
         config, client = store_config(scheme, options)
@@ -170,9 +170,9 @@ class ObjectStoreBackend(Backend):
     ``read`` and ``stream`` take an optional ``if_match`` ETag: the GET is then conditional
     (``If-Match``), and a response for another version of the object, refused by the store
     (412) or noticed here from its ETag (emulators that ignore ``If-Match``), fails with a
-    non-retryable :class:`~asyncload.StorageError` of status 412 instead of splicing versions.
+    non-retryable ``StorageError`` of status 412 instead of splicing versions.
 
-    Example:
+    Examples:
         >>> asyncload.configure("s3://bucket", endpoint="http://127.0.0.1:9000")  # doctest: +SKIP
         >>> data = await asyncload.read("s3://bucket/train/0001.jpg")  # doctest: +SKIP
     """
@@ -271,7 +271,7 @@ class ObjectStoreBackend(Backend):
     async def stream_version(
         self, url: str, start: int, chunk_size: int, options: StorageOptions, resume: Resume
     ) -> AsyncGenerator[bytes, None]:
-        """:meth:`stream` of one version: the first response's ETag is kept in *resume* and a
+        """``stream`` of one version: the first response's ETag is kept in *resume* and a
         resumed GET (``start > 0``) is conditional on it (``If-Match``)."""
         import obstore
 

@@ -1,0 +1,104 @@
+"""Coroutines from synchronous code: ``asyncload.read_sync`` and datasets under a plain DataLoader.
+
+Every call runs on one long-lived private event loop in a daemon thread of the calling process,
+so it works whether or not the caller's thread runs a loop of its own (Jupyter's, for example,
+where ``asyncio.run`` refuses), and the HTTP session of that loop keeps its connections alive
+from one call to the next. A forked child (a torch worker started with ``fork``) finds the
+parent's loop without its thread and starts its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import os
+import threading
+from collections.abc import Coroutine
+from concurrent.futures import Future
+from typing import Any, TypeVar
+
+from ._exceptions import LoadError
+
+__all__ = ["read_sync", "run_sync"]
+
+T = TypeVar("T")
+
+_lock = threading.Lock()
+_loop: asyncio.AbstractEventLoop | None = None
+_thread: threading.Thread | None = None
+_pid = 0
+
+
+def _get_loop() -> asyncio.AbstractEventLoop:
+    global _loop, _thread, _pid
+    with _lock:
+        if _loop is None or _pid != os.getpid() or _thread is None or not _thread.is_alive():
+            loop = asyncio.new_event_loop()
+            thread = threading.Thread(target=loop.run_forever, name="asyncload-sync", daemon=True)
+            thread.start()
+            _loop, _thread, _pid = loop, thread, os.getpid()
+        return _loop
+
+
+def run_sync(coro: Coroutine[Any, Any, T]) -> T:
+    """Run *coro* on the private loop and return its result (or raise its error) here."""
+    if threading.current_thread() is _thread and _pid == os.getpid():
+        coro.close()
+        raise RuntimeError("asyncload: a synchronous read from a coroutine of its own loop")
+    future: Future[T] = asyncio.run_coroutine_threadsafe(coro, _get_loop())
+    try:
+        return future.result()
+    except LoadError as exc:
+        raise exc.with_traceback(None) from exc.__cause__  # the frames of the loop add nothing
+    except BaseException:
+        future.cancel()  # e.g. Ctrl-C while waiting: do not leave the read running
+        raise
+
+
+def read_sync(url: str, *, start: int | None = None, end: int | None = None) -> bytes:
+    """Return the bytes of the object at *url* (or of ``[start, end)``) from synchronous code.
+
+    The same as ``await`` [`asyncload.read`][asyncload.read], with the same retries and errors,
+    but callable from anywhere: a script, a REPL, a notebook cell (whose thread already runs an
+    event loop), a thread. Reads run one at a time on a private event loop in a background
+    thread that keeps connections open between calls. For many objects, await
+    [`asyncload.read`][asyncload.read] concurrently or use
+    [`asyncload.DataLoader`][asyncload.DataLoader].
+
+    Args:
+        url: ``https://``, ``s3://``, ``gs://``, ``az://``, ``file://`` or a path.
+        start: First byte to read (default: the beginning).
+        end: One past the last byte to read (default: the end).
+
+    Raises:
+        NotFound: The object does not exist (a ``FileNotFoundError``).
+        PermissionDenied: Missing or refused credentials (a ``PermissionError``).
+        StorageError: Any other failure, after the retries.
+
+    Examples:
+        >>> import asyncload
+        >>> header = asyncload.read_sync("https://host/shard-0001.tar", end=512)  # doctest: +SKIP
+    """
+    from ._storage import read
+
+    return run_sync(read(url, start=start, end=end))
+
+
+async def _close() -> None:
+    from ._storage import aclose
+
+    await aclose()
+
+
+@atexit.register
+def _shutdown() -> None:
+    # Close the loop's sessions while the interpreter can still run them (no "unclosed" noise).
+    loop = _loop
+    if loop is None or _pid != os.getpid() or _thread is None or not _thread.is_alive():
+        return
+    try:
+        asyncio.run_coroutine_threadsafe(_close(), loop).result(timeout=5)
+    except Exception:  # best effort at exit
+        pass
+    loop.call_soon_threadsafe(loop.stop)
+    _thread.join(timeout=5)
