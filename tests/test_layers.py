@@ -28,6 +28,8 @@ LAYERS: dict[str, int] = {
     "_spec": 1,
     "_datapipes": 1,
     "_context": 1,
+    "_sync": 1,  # coroutines from sync code; knows nothing of what runs on its loop
+    "_plain": 1,  # asyncload datasets under torch's own DataLoader
     "_shm": 1,
     "_shm_mirror": 1,
     # 2: storage
@@ -59,6 +61,7 @@ LAYERS: dict[str, int] = {
     "_console": 8,
     "_demo": 8,
     "_demo_server": 8,
+    "_serve": 8,
 }
 
 # Narrower rules inside the table (design.md §5): the engine fetches and collates only; the

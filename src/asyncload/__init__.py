@@ -52,10 +52,10 @@ from ._storage import (
     list_files,
     list_files_async,
     read,
+    read_sync,
     stat,
     stream,
 )
-from ._sync import read_sync
 from .datasets import Mix, RemoteFiles, ShardStats, ShardSummary, TarShards, write_shards
 
 __version__ = "0.1.0"

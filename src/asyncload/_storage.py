@@ -20,7 +20,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from contextlib import aclosing
 from typing import Any
 
-from . import _cache, _hedge, _stats
+from . import _cache, _hedge, _stats, _sync
 from ._exceptions import InvalidURL, LoadError
 from ._retry import AttemptFailed, Retry, backoff, give_up, next_wait, retrying
 from .sources import _base
@@ -40,6 +40,7 @@ __all__ = [
     "list_files_async",
     "pool_size",
     "read",
+    "read_sync",
     "set_pool_size",
     "stat",
     "stream",
@@ -283,6 +284,33 @@ async def _fetch(
     return data
 
 
+def read_sync(url: str, *, start: int | None = None, end: int | None = None) -> bytes:
+    """Return the bytes of the object at *url* (or of ``[start, end)``) from synchronous code.
+
+    The same as ``await`` [`asyncload.read`][asyncload.read], with the same retries and errors,
+    but callable from anywhere: a script, a REPL, a notebook cell (whose thread already runs an
+    event loop), a thread. Reads run one at a time on a private event loop in a background
+    thread that keeps connections open between calls. For many objects, await
+    [`asyncload.read`][asyncload.read] concurrently or use
+    [`asyncload.DataLoader`][asyncload.DataLoader].
+
+    Args:
+        url: ``https://``, ``s3://``, ``gs://``, ``az://``, ``file://`` or a path.
+        start: First byte to read (default: the beginning).
+        end: One past the last byte to read (default: the end).
+
+    Raises:
+        NotFound: The object does not exist (a ``FileNotFoundError``).
+        PermissionDenied: Missing or refused credentials (a ``PermissionError``).
+        StorageError: Any other failure, after the retries.
+
+    Examples:
+        >>> import asyncload
+        >>> header = asyncload.read_sync("https://host/shard-0001.tar", end=512)  # doctest: +SKIP
+    """
+    return _sync.run_sync(read(url, start=start, end=end))
+
+
 async def stream(url: str, *, chunk_size: int = 1 << 20) -> AsyncIterator[bytes]:
     """Yield the object at *url* in chunks of roughly *chunk_size* bytes.
 
@@ -422,3 +450,7 @@ def list_files(prefix_url: str) -> list[str]:
             raise result.with_traceback(None) from result.__cause__
         raise result
     return list(result)
+
+
+# Sessions opened on read_sync's private loop are closed there at exit.
+_sync.on_close(aclose)

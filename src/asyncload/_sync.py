@@ -1,4 +1,4 @@
-"""Coroutines from synchronous code: ``asyncload.read_sync`` and datasets under a plain DataLoader.
+"""Coroutines from synchronous code (``asyncload.read_sync``, datasets under a plain DataLoader).
 
 Every call runs on one long-lived private event loop in a daemon thread of the calling process,
 so it works whether or not the caller's thread runs a loop of its own (Jupyter's, for example,
@@ -13,13 +13,13 @@ import asyncio
 import atexit
 import os
 import threading
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
 from ._exceptions import LoadError
 
-__all__ = ["read_sync", "run_sync"]
+__all__ = ["on_close", "run_sync"]
 
 T = TypeVar("T")
 
@@ -55,39 +55,18 @@ def run_sync(coro: Coroutine[Any, Any, T]) -> T:
         raise
 
 
-def read_sync(url: str, *, start: int | None = None, end: int | None = None) -> bytes:
-    """Return the bytes of the object at *url* (or of ``[start, end)``) from synchronous code.
+_closers: list[Callable[[], Awaitable[None]]] = []
 
-    The same as ``await`` [`asyncload.read`][asyncload.read], with the same retries and errors,
-    but callable from anywhere: a script, a REPL, a notebook cell (whose thread already runs an
-    event loop), a thread. Reads run one at a time on a private event loop in a background
-    thread that keeps connections open between calls. For many objects, await
-    [`asyncload.read`][asyncload.read] concurrently or use
-    [`asyncload.DataLoader`][asyncload.DataLoader].
 
-    Args:
-        url: ``https://``, ``s3://``, ``gs://``, ``az://``, ``file://`` or a path.
-        start: First byte to read (default: the beginning).
-        end: One past the last byte to read (default: the end).
-
-    Raises:
-        NotFound: The object does not exist (a ``FileNotFoundError``).
-        PermissionDenied: Missing or refused credentials (a ``PermissionError``).
-        StorageError: Any other failure, after the retries.
-
-    Examples:
-        >>> import asyncload
-        >>> header = asyncload.read_sync("https://host/shard-0001.tar", end=512)  # doctest: +SKIP
-    """
-    from ._storage import read
-
-    return run_sync(read(url, start=start, end=end))
+def on_close(closer: Callable[[], Awaitable[None]]) -> None:
+    """Run *closer* on the private loop at interpreter exit (the storage layer closes its
+    sessions there), so this module needs to know nothing about what runs on its loop."""
+    _closers.append(closer)
 
 
 async def _close() -> None:
-    from ._storage import aclose
-
-    await aclose()
+    for closer in _closers:
+        await closer()
 
 
 @atexit.register
