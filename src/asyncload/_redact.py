@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from urllib.parse import unquote
 
-__all__ = ["redact_url"]
+__all__ = ["redact_url", "split_authority"]
 
 _MASK = "REDACTED"
 
@@ -95,9 +95,9 @@ def _redact_query(query: str) -> str:
     return "&".join(pieces)
 
 
-def _redact_one(url: str) -> str:
-    # Split by hand: urlsplit rejects broken IPv6 literals and drops TABs, and the URL of an
-    # InvalidURL error must still be shown, minus its secrets.
+def split_authority(url: str) -> tuple[str, str, str]:
+    """``(scheme + "://", netloc, rest)`` of *url*, split by hand: ``urlsplit`` rejects broken
+    IPv6 literals and drops TABs, and such URLs must still be checked and shown."""
     scheme_end = url.find("://") + 3
     rest = url[scheme_end:]
     cut = len(rest)
@@ -105,7 +105,12 @@ def _redact_one(url: str) -> str:
         at = rest.find(sep)
         if at != -1:
             cut = min(cut, at)
-    netloc, tail = rest[:cut], rest[cut:]
+    return url[:scheme_end], rest[:cut], rest[cut:]
+
+
+def _redact_one(url: str) -> str:
+    # The URL of an InvalidURL error must still be shown, minus its secrets.
+    head, netloc, tail = split_authority(url)
     if "@" in netloc:
         netloc = f"{_MASK}@{netloc.rpartition('@')[2]}"
     tail, hash_, fragment = tail.partition("#")
@@ -114,7 +119,7 @@ def _redact_one(url: str) -> str:
         query = _redact_query(query)
     if fragment and "=" in fragment:  # OAuth-style `#access_token=...`
         fragment = _redact_query(fragment)
-    return f"{url[:scheme_end]}{netloc}{path}{question}{query}{hash_}{fragment}"
+    return f"{head}{netloc}{path}{question}{query}{hash_}{fragment}"
 
 
 def redact_url(text: str) -> str:

@@ -23,6 +23,7 @@ from typing import Any
 from urllib.parse import quote, urlsplit
 
 from .._exceptions import InvalidURL
+from .._redact import split_authority
 from .._retry import AttemptFailed, Hedge, Retry
 
 __all__ = [
@@ -304,14 +305,7 @@ def encode_url(url: str) -> str:
                 "no URL can carry; it usually comes from bytes decoded with "
                 "errors='surrogateescape': build the URL from the real file name",
             ) from None
-        head_end = url.find("://") + 3
-        rest = url[head_end:]
-        cut = len(rest)
-        for sep in "/?#":
-            at = rest.find(sep)
-            if at != -1:
-                cut = min(cut, at)
-        netloc, tail = rest[:cut], rest[cut:]
+        head, netloc, tail = split_authority(url)
         if not _WIRE_READY.match(netloc):
             raise AttemptFailed(
                 InvalidURL,
@@ -319,7 +313,7 @@ def encode_url(url: str) -> str:
                 "fix the host name (internationalized names go in their xn-- form)",
             )
         tail = _STRAY_PERCENT.sub("%25", tail)
-        checked = url[:head_end] + netloc + quote(tail, safe=_KEEP)
+        checked = head + netloc + quote(tail, safe=_KEEP)
     try:
         urlsplit(checked).port  # noqa: B018 - parses the port and any IPv6 literal
     except ValueError as exc:
