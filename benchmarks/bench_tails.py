@@ -10,17 +10,28 @@ log-normal with p50 40 ms / p99 400 ms. Per distribution:
   steady samples/s (first batch to last) and whole run (``iter()`` included).
 
 Hedges are counted by the server (requests minus samples), so the loader's workers need no
-instrumentation. Ratios in the table come from this one run.
+instrumentation. Ratios in the table come from this one run. Loader rows also give the
+first-batch time (``iter()`` to the first batch, workers started from a warm forkserver).
+
+``--concurrency 64,128,256`` adds a table of the loader at constant 50 ms per
+``max_concurrency`` (the default's trade-off). ``--startup`` prints only first-batch times of a
+loader built 2 s before ``iter()`` in a fresh interpreter, then of a second epoch (new workers),
+for the default start method and for ``multiprocessing_context="forkserver"``.
 
     .venv/bin/python benchmarks/bench_tails.py            # about 2-3 minutes
     .venv/bin/python benchmarks/bench_tails.py --quick    # smoke run, two distributions
+    .venv/bin/python benchmarks/bench_tails.py --startup  # start-up only, about 20 seconds
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import os
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
@@ -51,6 +62,7 @@ class Row:
     rate: float  # samples/s
     whole: float | None = None  # samples/s including start-up (loader rows)
     hedges: int | None = None
+    first: float | None = None  # seconds from iter() to the first batch (loader rows)
 
 
 def _run(coro: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
@@ -98,15 +110,17 @@ async def _raw_loop(prefix: str, n: int, warm: int) -> float:
         return n / (time.perf_counter() - t0)
 
 
-def _loader(prefix: str, n: int, check: bool) -> tuple[float, float]:
-    """(steady, whole-run) samples/s of one epoch of a fresh DataLoader."""
+def _loader(
+    prefix: str, n: int, check: bool, max_concurrency: int = 128
+) -> tuple[float, float, float]:
+    """(steady, whole-run) samples/s and first-batch seconds of one epoch of a fresh loader."""
     urls = [f"{prefix}/{i}" for i in range(n)]
     t0 = time.perf_counter()
     loader = asyncload.DataLoader(
         asyncload.RemoteFiles(urls),
         batch_size=32,
         num_workers=2,
-        max_concurrency=128,
+        max_concurrency=max_concurrency,
         collate_fn=list,
     )
     first = 0.0
@@ -120,7 +134,7 @@ def _loader(prefix: str, n: int, check: bool) -> tuple[float, float]:
     end = time.perf_counter()
     assert seen == n, f"{seen} samples of {n}"
     del loader
-    return (n - 32) / (end - first), n / (end - t0)
+    return (n - 32) / (end - first), n / (end - t0), first - t0
 
 
 def measure(server: ObjectServerProcess, spec: str, n: int, loader: bool) -> dict[str, Row]:
@@ -138,9 +152,9 @@ def measure(server: ObjectServerProcess, spec: str, n: int, loader: bool) -> dic
         for hedged in (True, False):
             _storage.configure(server.base_url, hedge=asyncload.Hedge() if hedged else None)
             before = server.requests()
-            steady, whole = _loader(prefix, n, check=hedged)
+            steady, whole, first = _loader(prefix, n, check=hedged)
             name = "loader, hedged" if hedged else "loader, no hedge"
-            rows[name] = Row(f"DataLoader, {name.split(', ')[1]}", steady, whole)
+            rows[name] = Row(f"DataLoader, {name.split(', ')[1]}", steady, whole, first=first)
             rows[name].hedges = server.requests() - before - n
     _storage.reset()
     return rows
@@ -151,25 +165,46 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small smoke run")
     parser.add_argument("--samples", type=int, default=None)
     parser.add_argument("--no-loader", action="store_true", help="skip the DataLoader rows")
+    parser.add_argument(
+        "--concurrency", default="", help="e.g. 64,128,256: loader per max_concurrency at 50 ms"
+    )
+    parser.add_argument(
+        "--startup", action="store_true", help="only first-batch times, in fresh interpreters"
+    )
     args = parser.parse_args(argv)
+    if args.startup:
+        _print_startup()
+        return 0
     n = args.samples or (256 if args.quick else 4096)
     # The smoke run keeps two distributions: the 2 s stragglers alone would take most of it.
     distributions = DISTRIBUTIONS[:2] if args.quick else DISTRIBUTIONS
     results: dict[str, dict[str, Row]] = {}
+    swept: list[tuple[int, tuple[float, float, float]]] = []
     with ObjectServerProcess() as server:
         # One unmeasured epoch first: the forkserver's one-time start-up is not any row's.
         _loader(server.prefix_spec(SIZE, "1"), 64, check=False)
         for label, spec in distributions:
             results[label] = measure(server, spec, n, loader=not args.no_loader)
+        sweep = [int(c) for c in args.concurrency.split(",") if c]
+        swept = [(c, _loader(server.prefix_spec(SIZE, "50"), n, False, c)) for c in sweep]
+    if swept:
+        print(
+            f"\nmax_concurrency at constant 50 ms ({n} x {SIZE // 1000} KB, 2 workers, batch 32)\n"
+        )
+        print("| max_concurrency | steady samples/s | whole run/s | first batch s |")
+        print("|---|---|---|---|")
+        for c, (steady, whole, first) in swept:
+            print(f"| {c} | {steady:,.0f} | {whole:,.0f} | {first:.3f} |")
     print(f"\n{n} x {SIZE // 1000} KB per row, {IN_FLIGHT} in flight (loader: 2 workers, batch 32,")
     print("max_concurrency=128); samples/s; hedges = extra requests seen by the server\n")
-    print(f"| latency | row | samples/s | whole run/s | hedges (% of {n}) |")
-    print("|---|---|---|---|---|")
+    print(f"| latency | row | samples/s | whole run/s | first batch s | hedges (% of {n}) |")
+    print("|---|---|---|---|---|---|")
     for label, rows in results.items():
         for row in rows.values():
             whole = f"{row.whole:,.0f}" if row.whole is not None else ""
+            first = f"{row.first:.3f}" if row.first is not None else ""
             hedges = "" if row.hedges is None else f"{row.hedges} ({100 * row.hedges / n:.1f}%)"
-            print(f"| {label} | {row.label} | {row.rate:,.0f} | {whole} | {hedges} |")
+            print(f"| {label} | {row.label} | {row.rate:,.0f} | {whole} | {first} | {hedges} |")
     print("\nRatios (this run)\n")
     print(
         "| latency | read hedged / raw | read no-hedge / raw | loader hedged / no-hedge "
@@ -196,6 +231,68 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"\nHedges within the 5% budget in every row: {'yes' if budget_ok else 'NO'}")
     return 0
+
+
+_STARTUP = """
+import sys, time
+sys.path.insert(0, {bench!r})
+from _server import ObjectServerProcess
+import asyncload
+
+
+def main(ctx):
+    with ObjectServerProcess() as server:
+        urls = [server.url_for(index=i, size=100_000, latency=0.05) for i in range(256)]
+        loader = asyncload.DataLoader(
+            asyncload.RemoteFiles(urls), batch_size=32, num_workers=2, collate_fn=list,
+            multiprocessing_context=ctx,
+        )
+        time.sleep(2.0)  # the user builds the model
+        times = []
+        for epoch in range(2):
+            t0 = time.perf_counter()
+            it = iter(loader)
+            next(it)
+            times.append(time.perf_counter() - t0)
+            for _ in it:
+                pass
+        print("RESULT", times[0], times[1])
+
+
+if __name__ == "__main__":  # the forkserver imports this module
+    main(sys.argv[1] or None)
+"""
+
+
+def _print_startup() -> None:
+    """First batch of a loader built 2 s before iter(), in a fresh interpreter, and the next
+    epoch's (new workers each epoch), per way of naming the start method."""
+    code = _STARTUP.format(bench=str(Path(__file__).resolve().parent))
+    print("\nStart-up: loader built 2 s before iter(), 2 workers, 50 ms objects; seconds\n")
+    print("| multiprocessing_context | first batch, first epoch | first batch, second epoch |")
+    print("|---|---|---|")
+    # A script file, not ``-c``: without a file __main__ would make the loader fall back to fork.
+    with tempfile.TemporaryDirectory() as tmp:
+        script = Path(tmp) / "startup.py"
+        script.write_text(code)
+        for ctx in ("", "forkserver"):
+            _startup_row(script, ctx)
+
+
+def _startup_row(script: Path, ctx: str) -> None:
+    out = subprocess.run(
+        [sys.executable, str(script), ctx],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ),
+        check=False,
+    )
+    if out.returncode != 0:
+        raise SystemExit(f"start-up run failed:\n{out.stderr}")
+    line = next(ln for ln in out.stdout.splitlines() if ln.startswith("RESULT"))
+    first, second = (float(x) for x in line.split()[1:])
+    print(f"| {json.dumps(ctx or None)} | {first:.3f} | {second:.3f} |")
 
 
 if __name__ == "__main__":

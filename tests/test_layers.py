@@ -26,6 +26,7 @@ LAYERS: dict[str, int] = {
     "_sharding": 1,
     "_resume": 1,
     "_spec": 1,
+    "_lookahead": 1,
     "_datapipes": 1,
     "_context": 1,
     "_sync": 1,  # coroutines from sync code; knows nothing of what runs on its loop

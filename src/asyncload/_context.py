@@ -7,7 +7,10 @@ asyncload starts workers with ``forkserver`` by default on Linux (and ``spawn`` 
   any library holding a lock at fork time. ``forkserver`` forks from a clean server process.
 * it is Python 3.14's default on Linux, so code written for it keeps working.
 * the forkserver preloads torch and asyncload once, so each worker starts in milliseconds
-  rather than re-importing torch as ``spawn`` would.
+  rather than re-importing torch as ``spawn`` would. That holds however the start method is
+  named (default, ``"forkserver"``, or a context object), and ``start_early`` starts the
+  forkserver in the background as soon as a loader exists, so that one-time import overlaps
+  the user's model building instead of delaying the first batch.
 
 In an interactive session ``__main__`` has no file, so functions and classes defined there can't
 be found by a worker that didn't fork from it: asyncload then falls back to ``fork`` and warns
@@ -20,12 +23,13 @@ import multiprocessing
 import multiprocessing.context
 import pickle
 import sys
+import threading
 import warnings
 from typing import Any
 
 from ._exceptions import NotPicklable
 
-__all__ = ["AsyncloadWarning", "diagnose_pickling", "resolve_context"]
+__all__ = ["AsyncloadWarning", "diagnose_pickling", "resolve_context", "start_early"]
 
 
 class AsyncloadWarning(UserWarning):
@@ -43,10 +47,11 @@ def _interactive() -> bool:
 def resolve_context(requested: Any) -> multiprocessing.context.BaseContext:
     """Return the multiprocessing context workers are started with."""
     global _warned_interactive
-    if isinstance(requested, str):
-        return multiprocessing.get_context(requested)
     if requested is not None:
-        return requested  # type: ignore[no-any-return]
+        ctx = _named(requested)
+        if ctx.get_start_method() == "forkserver":
+            _preload(ctx)  # an explicit forkserver deserves the preloaded torch too
+        return ctx
     methods = multiprocessing.get_all_start_methods()
     if "forkserver" not in methods:
         return multiprocessing.get_context("spawn")
@@ -65,6 +70,56 @@ def resolve_context(requested: Any) -> multiprocessing.context.BaseContext:
     ctx = multiprocessing.get_context("forkserver")
     _preload(ctx)
     return ctx
+
+
+def _named(requested: Any) -> multiprocessing.context.BaseContext:
+    if isinstance(requested, str):
+        return multiprocessing.get_context(requested)
+    return requested  # type: ignore[no-any-return]
+
+
+_early = False
+
+
+def start_early(requested: Any) -> bool:
+    """Start the forkserver, with torch and asyncload preloaded, in a background thread.
+
+    Called when a loader with workers is built: the server's one-time imports (1-2 s) then
+    overlap whatever the program does before ``iter(loader)``, and the first batch only waits
+    for workers forked from a warm server (milliseconds). Only for ``forkserver``: nothing of
+    the loader's own starts early (no worker, no shared memory, no seed drawn), so a loader
+    that is never iterated leaves nothing behind but the process-wide forkserver, which
+    multiprocessing stops at exit. Not in a notebook (workers are forked there), and not from a
+    daemonic process (a worker). Returns whether it started the server.
+    """
+    global _early
+    if _early or multiprocessing.current_process().daemon:
+        return False
+    ctx: multiprocessing.context.BaseContext
+    try:
+        if requested is None:
+            if "forkserver" not in multiprocessing.get_all_start_methods() or _interactive():
+                return False
+            ctx = multiprocessing.get_context("forkserver")
+        else:
+            ctx = _named(requested)
+            if ctx.get_start_method() != "forkserver":
+                return False
+    except (ValueError, AttributeError):  # a bad name: iter() reports it
+        return False
+    _early = True
+    _preload(ctx)
+
+    def run() -> None:
+        from multiprocessing import forkserver
+
+        try:
+            forkserver.ensure_running()
+        except Exception:  # iter() starts it again, and reports what fails
+            pass
+
+    threading.Thread(target=run, name="asyncload-forkserver-start", daemon=True).start()
+    return True
 
 
 def _preload(ctx: multiprocessing.context.BaseContext) -> None:

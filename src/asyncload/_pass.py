@@ -2,11 +2,12 @@
 
 The loader builds a frozen ``PassSpec`` and hands it, with the resume point, to a
 ``Pass``; the pass never sees the loader. It draws the seeds, sends index batches to its
-``_workers.Workers`` round-robin (as torch does), keeps ``max_outstanding``
-batches sent but not yet yielded, restores sampler order when ``in_order=True`` and records
-progress for checkpoints. A pass starts in ``Pass.__init__`` (or ``Pass.restart`` with
-persistent workers) and ends in ``Pass.close``, nowhere else. Its workers live exactly as
-long as it does. See NOTE [ Data flow and shutdown ] in ``_protocol.py``.
+``_workers.Workers`` round-robin (as torch does), keeps batches sent but not yet yielded
+within a memory bound (``_lookahead``: the workers fetch on behind a straggling batch),
+restores sampler order when ``in_order=True`` and records progress for checkpoints. A pass
+starts in ``Pass.__init__`` (or ``Pass.restart`` with persistent workers) and ends in
+``Pass.close``, nowhere else. Its workers live exactly as long as it does. See
+NOTE [ Data flow and shutdown ] in ``_protocol.py``.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import torch.utils.data
 
 from . import _workers
 from ._exceptions import BatchTimeout
+from ._lookahead import LookAhead, batch_nbytes
 from ._protocol import (
     POLL_INTERVAL,
     Exhausted,
@@ -94,7 +96,6 @@ class Pass:
         self.tally = Tally(max(1, spec.num_workers), None)
         self._len_reported = len_reported
         self._num_workers = max(1, spec.num_workers)
-        self._max_outstanding = spec.outstanding_per_worker * self._num_workers
         self._generation = 0
         # torch draws an IterDataPipe's shared seed first, then the workers' base seed. A
         # checkpoint records the RNG state after both, where every pass's sampler starts
@@ -166,6 +167,10 @@ class Pass:
         self._pending: dict[int, int] = {}  # send_idx → worker id, sent and not yet answered
         self._ready: dict[int, Any] = {}  # send_idx → reply, answered and not yet yielded
         self._sent_indices: dict[int, Any] = {}  # send_idx → indices, only with timeout > 0
+        self._held: dict[int, int] = {}  # send_idx → bytes, of batches waiting in _ready
+        self._lookahead = LookAhead(
+            self.spec.outstanding_per_worker * self._num_workers, self.spec.prefetch_bytes
+        )
         self._active = [True] * self._num_workers
         start = 0
         if resume is not None and spec.is_iterable:
@@ -240,12 +245,12 @@ class Pass:
         return data
 
     def _refill(self) -> None:
-        """Send tasks until ``max_outstanding`` are out or the sampler is done."""
+        """Send tasks until the look-ahead bound is reached or the sampler is done."""
         while self._try_put_index():
             pass
 
     def _try_put_index(self) -> bool:
-        if self._sampler_done or len(self._pending) + len(self._ready) >= self._max_outstanding:
+        if self._sampler_done or not self._lookahead.may_send(len(self._pending), len(self._ready)):
             return False
         for _ in range(self._num_workers):
             worker_id = next(self._cycle)
@@ -286,6 +291,9 @@ class Pass:
             if in_order:
                 while self._rcvd_idx in self._ready:
                     reply: Any = self._ready.pop(self._rcvd_idx)
+                    held = self._held.pop(self._rcvd_idx, None)
+                    if held is not None:
+                        self._lookahead.released(held)
                     self._rcvd_idx += 1
                     if reply is not _SKIP:
                         self._refill()
@@ -294,7 +302,11 @@ class Pass:
                 self._refill()
                 if not self._pending:
                     raise StopIteration
+            # The head batch is late and later ones are done: time the straggler cost.
+            t0 = time.monotonic() if self._held else None
             msg = self._get()
+            if t0 is not None:
+                self.tally.head_wait_s += time.monotonic() - t0
             if isinstance(msg, PassStarted) or msg.generation != self._generation:
                 continue
             if isinstance(msg, Failure) and msg.send_idx < 0:
@@ -309,6 +321,13 @@ class Pass:
                 reply = _SKIP
             if in_order:
                 self._ready[msg.send_idx] = reply
+                if isinstance(msg, Result):
+                    held = msg.send_idx != self._rcvd_idx
+                    nbytes = batch_nbytes(msg.data)
+                    self._lookahead.arrived(nbytes, held)
+                    if held:
+                        self._held[msg.send_idx] = nbytes
+                        self._refill()  # fetch on behind the late head, within the bound
             elif reply is not _SKIP:
                 self._refill()
                 return self._unwrap(reply)

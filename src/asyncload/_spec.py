@@ -32,6 +32,8 @@ class PassSpec:
     pin_device: str | None
     generator: torch.Generator | None
     multiprocessing_context: Any = None
+    prefetch_bytes: int = 1 << 30
+    """Bytes finished-but-undelivered batches may hold beyond the fixed window (``_lookahead``)."""
 
 
 def spec_length(spec: PassSpec) -> int:

@@ -72,6 +72,9 @@ class LoaderStats:
     """Errors that reached the caller, by exception type."""
     wait_s: float
     """Seconds the training loop spent waiting for data, worker start-up included."""
+    head_wait_s: float = 0.0
+    """Of ``wait_s``, the seconds spent waiting for a late batch while later ones were ready
+    (``in_order=True``): the cost of stragglers, which ``prefetch_bytes`` lets workers overlap."""
 
 
 def _percentile(hist: list[int], q: float) -> float:
@@ -94,6 +97,7 @@ def merge(
     batches: int,
     wait_s: float,
     ended: float | None = None,
+    head_wait_s: float = 0.0,
 ) -> LoaderStats:
     """Combine per-worker snapshots into one ``LoaderStats``.
 
@@ -124,6 +128,7 @@ def merge(
         retries=dict(retries),
         errors=dict(errors),
         wait_s=wait_s,
+        head_wait_s=head_wait_s,
     )
 
 
@@ -134,13 +139,14 @@ class Tally:
     worker's newest snapshot, as it rode in on a reply, is kept in ``workers``.
     """
 
-    __slots__ = ("batches", "ended", "live", "started", "wait_s", "workers")
+    __slots__ = ("batches", "ended", "head_wait_s", "live", "started", "wait_s", "workers")
 
     def __init__(self, num_workers: int, live: Callable[[], RecorderSnapshot] | None) -> None:
         self.started = time.monotonic()
         self.ended: float | None = None
         self.batches = 0
         self.wait_s = 0.0
+        self.head_wait_s = 0.0
         self.live = live
         self.workers: list[RecorderSnapshot | None] = [None] * num_workers
 
@@ -150,5 +156,10 @@ class Tally:
         else:
             snaps = [s for s in self.workers if s is not None]
         return merge(
-            snaps, started=self.started, batches=self.batches, wait_s=self.wait_s, ended=self.ended
+            snaps,
+            started=self.started,
+            batches=self.batches,
+            wait_s=self.wait_s,
+            ended=self.ended,
+            head_wait_s=self.head_wait_s,
         )
