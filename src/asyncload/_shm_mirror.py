@@ -174,7 +174,7 @@ def _open_block(token: str, block_id: int, seq: int, nbytes: int) -> torch.Untyp
                 "this process: a batch was unpickled after its loader shut down, or outside "
                 "the loader (batches from a worker are for the process that started it)"
             )
-        arr = np.frombuffer(mm, dtype=np.uint8, count=nbytes)
+        arr = np.frombuffer(memoryview(mm), dtype=np.uint8, count=nbytes)
         _views[key] = arr
         weakref.finalize(arr, _release, token, block_id, seq)
     return torch.from_numpy(arr).untyped_storage()
