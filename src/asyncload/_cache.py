@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 
 from ._cache_dir import CacheDir, Sink, chunks, unlink
 from ._context import AsyncloadWarning
+from ._metrics import note_count
 
 if TYPE_CHECKING:
     from .sources._base import ObjectInfo, StorageOptions
@@ -57,7 +58,8 @@ class CacheWarning(AsyncloadWarning):
 
 @dataclass(frozen=True, slots=True)
 class CacheCounts:
-    """Cache hits and misses of this process since it started (for ``loader.stats()``)."""
+    """Cache hits and misses of this process since it started (a loader's pass reports its
+    own in ``stats()``)."""
 
     hits: int
     misses: int
@@ -171,9 +173,11 @@ class Cache:
         data = await self._hit(key, start, end, stat)
         if data is not None:
             _hits += 1
+            note_count("cache_hits")
             return data
         if start is not None or end is not None:
             _misses += 1
+            note_count("cache_misses")
             return await fetch(start, end)
         loop = asyncio.get_running_loop()
         shared = self._inflight.get(key)
@@ -185,6 +189,7 @@ class Cache:
                     raise  # this read was cancelled
                 return await self.read(url, start, end, fetch, stat)  # the fetching one was
             _hits += 1
+            note_count("cache_hits")
             return data
         fut: asyncio.Future[bytes] = loop.create_future()
         fut.add_done_callback(_retrieve)
@@ -217,8 +222,10 @@ class Cache:
                 data = await self._hit(key, None, None, None)  # filled while we waited
                 if data is not None:
                     _hits += 1
+                    note_count("cache_hits")
                     return data
             _misses += 1
+            note_count("cache_misses")
             etag = (await stat()).etag if stat is not None else None
             data = await fetch(None, None)
             if lock is not None and not self.off:
@@ -285,6 +292,7 @@ class Cache:
                 entry = await self._still_valid(key, entry, stat)
             if entry is not None:
                 _hits += 1
+                note_count("cache_hits")
                 fd, offset, size, _ = entry
                 async with aclosing(chunks(fd, offset, size, chunk_size)) as entry_chunks:
                     async for chunk in entry_chunks:
@@ -292,6 +300,7 @@ class Cache:
                         yield chunk
                 return
             _misses += 1
+            note_count("cache_misses")
             etag = (await stat()).etag if stat is not None else None
             sink = self._sink(key, etag)
             try:

@@ -161,6 +161,8 @@ class Engine:
                         self._iter_requests.put_nowait(msg)
                 elif isinstance(msg, StartPass):
                     await self._cancel_all()
+                    # loader.stats() is per pass, and its clock starts again with this one.
+                    self.recorder.reset()
                     self._generation = msg.generation
                     # The worker's dataset is a copy: carry the new epoch over (torch doesn't,
                     # so persistent workers there shuffle every epoch the same way).

@@ -26,6 +26,7 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
+from ._metrics import note_count
 from ._retry import AttemptFailed, Hedge, backoff, give_up, next_wait
 
 if TYPE_CHECKING:
@@ -61,7 +62,7 @@ _won = 0
 
 
 def counts() -> HedgeCounts:
-    """Hedges sent and won by this process (for ``loader.stats()``)."""
+    """Hedges sent and won by this process; a loader's pass reports its own in ``stats()``."""
     return HedgeCounts(sent=_sent, won=_won)
 
 
@@ -196,6 +197,7 @@ async def _race(
             tracker.observe(loop.time() - began, policy)
         return result, 1
     _sent += 1
+    note_count("hedges_sent")
     hedge: asyncio.Future[T] = asyncio.ensure_future(start())
     pending: set[asyncio.Future[T]] = {primary, hedge}
     failure: AttemptFailed | None = None
@@ -208,6 +210,7 @@ async def _race(
                 if exc is None:
                     if fut is hedge:
                         _won += 1
+                        note_count("hedges_won")
                     return fut.result(), 2
                 if not isinstance(exc, AttemptFailed):
                     raise exc

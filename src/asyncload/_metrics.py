@@ -2,8 +2,9 @@
 
 Each engine owns a ``Recorder`` and makes it ``current`` for its event loop's tasks
 (a ContextVar, so a thread's engine never counts the application's own reads, and two engines
-never share counters). Storage code calls ``note_bytes``, ``note_retry`` and
-``note_error`` without knowing about loaders; outside any engine the notes go to the
+never share counters). Storage code calls ``note_bytes``, ``note_retry``,
+``note_error`` and ``note_count`` (named events: hedges, cache hits, samples per source of a
+``Mix``) without knowing about loaders; outside any engine the notes go to the
 process's own ``recorder``. Knows nothing about loaders.
 """
 
@@ -21,6 +22,7 @@ __all__ = [
     "RecorderSnapshot",
     "current",
     "note_bytes",
+    "note_count",
     "note_error",
     "note_retry",
     "recorder",
@@ -54,6 +56,7 @@ class RecorderSnapshot:
     latency_hist: tuple[int, ...]
     retries: tuple[tuple[str, int], ...]
     errors: tuple[tuple[str, int], ...]
+    counts: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass
@@ -66,6 +69,7 @@ class Recorder:
     latency_hist: list[int] = field(default_factory=lambda: [0] * _NUM_BUCKETS)
     retries: collections.Counter[str] = field(default_factory=collections.Counter)
     errors: collections.Counter[str] = field(default_factory=collections.Counter)
+    counts: collections.Counter[str] = field(default_factory=collections.Counter)
 
     def note_sample(self, latency: float) -> None:
         self.samples += 1
@@ -79,6 +83,7 @@ class Recorder:
             latency_hist=tuple(self.latency_hist),
             retries=tuple(sorted(self.retries.items())),
             errors=tuple(sorted(self.errors.items())),
+            counts=tuple(sorted(self.counts.items())),
         )
 
     def reset(self) -> None:
@@ -86,6 +91,7 @@ class Recorder:
         self.latency_hist = [0] * _NUM_BUCKETS
         self.retries.clear()
         self.errors.clear()
+        self.counts.clear()
 
 
 recorder = Recorder()
@@ -125,3 +131,8 @@ def note_retry(kind: str) -> None:
 def note_error(kind: str) -> None:
     """Count one failure that reached the caller, by exception class name."""
     _current.get().errors[kind] += 1
+
+
+def note_count(name: str, n: int = 1) -> None:
+    """Count *n* events called *name* (``"hedges_sent"``, ``"cache_hits"``, ``"mix:0"``, ...)."""
+    _current.get().counts[name] += n

@@ -4,12 +4,18 @@ with queued for the worker that owns the block.
 
 Keyed by the worker's pool name (its *token*), because a pickled batch names its pool and
 unpickling must find the mapping from that name alone.
+
+A mapping holds no descriptor: Python's ``mmap.mmap`` keeps a duplicate of the one it maps
+(``trackfd`` turns that off only from 3.13), which with hundreds of blocks in flight ran the
+main process into its descriptor limit. Blocks are mapped with ``mmap(2)`` through ctypes
+instead, and unmapped when the last view of them is gone.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import ctypes
 import mmap
 import os
 import threading
@@ -30,7 +36,8 @@ __all__ = [
 ]
 
 _main_lock = threading.Lock()
-_maps: dict[str, dict[int, mmap.mmap]] = {}
+Mapping = ctypes.Array[ctypes.c_ubyte]
+_maps: dict[str, dict[int, Mapping]] = {}
 _freed: dict[str, collections.deque[int]] = {}
 _views: weakref.WeakValueDictionary[tuple[str, int, int], np.ndarray] = (
     weakref.WeakValueDictionary()
@@ -80,16 +87,50 @@ def _release(token: str, block_id: int, seq: int) -> None:
         dq.append(seq)
 
 
+_libc: Any = None
+
+
+def _map_shared(fd: int, size: int) -> Mapping:
+    """Map *size* bytes of *fd* shared, read-write; the mapping does not keep *fd* open.
+
+    The returned buffer owns the mapping: ``munmap`` runs when it is collected, which numpy
+    views of it (their ``base``) postpone until they are gone too.
+    """
+    global _libc
+    if _libc is None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mmap.restype = ctypes.c_void_p
+        libc.mmap.argtypes = [
+            ctypes.c_void_p,
+            ctypes.c_size_t,
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_long,
+        ]
+        libc.munmap.restype = ctypes.c_int
+        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        _libc = libc
+    addr = _libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)
+    if addr is None or addr == ctypes.c_void_p(-1).value:
+        err = ctypes.get_errno()
+        raise OSError(err, f"asyncload: mmap of a shared-memory block failed: {os.strerror(err)}")
+    buf = (ctypes.c_ubyte * size).from_address(addr)
+    # Not at exit: a tensor on the block may still be read then; the process's end unmaps it.
+    weakref.finalize(buf, _libc.munmap, addr, size).atexit = False
+    return buf
+
+
 _unpacking = threading.local()  # the mappings of the message being unpickled in this thread
 
 
-def map_blocks(token: str, fds: tuple[tuple[int, int, Any], ...]) -> dict[int, mmap.mmap]:
+def map_blocks(token: str, fds: tuple[tuple[int, int, Any], ...]) -> dict[int, Mapping]:
     """Map the blocks a message brings descriptors for (``(id, size, DupFd)``), once each.
 
     Returns the message's new mappings; ``unpickling`` makes them visible to
     ``_open_block`` also when *token* is no longer registered.
     """
-    new: dict[int, mmap.mmap] = {}
+    new: dict[int, Mapping] = {}
     for block_id, cap, dup in fds:
         fd = dup.detach()  # always: the worker's resource sharer holds the duplicate till then
         try:
@@ -97,7 +138,7 @@ def map_blocks(token: str, fds: tuple[tuple[int, int, Any], ...]) -> dict[int, m
                 blocks = _maps.get(token)
                 if blocks is not None and block_id in blocks:
                     continue
-                mm = new[block_id] = mmap.mmap(fd, cap)
+                mm = new[block_id] = _map_shared(fd, cap)
                 if blocks is not None:
                     blocks[block_id] = mm
         finally:
@@ -106,7 +147,7 @@ def map_blocks(token: str, fds: tuple[tuple[int, int, Any], ...]) -> dict[int, m
 
 
 @contextlib.contextmanager
-def unpickling(token: str, new: dict[int, mmap.mmap]) -> Iterator[None]:
+def unpickling(token: str, new: dict[int, Mapping]) -> Iterator[None]:
     """``with unpickling(token, map_blocks(...)): pickle.loads(...)``."""
     _unpacking.state = (token, new)
     try:
@@ -133,7 +174,7 @@ def _open_block(token: str, block_id: int, seq: int, nbytes: int) -> torch.Untyp
                 "this process: a batch was unpickled after its loader shut down, or outside "
                 "the loader (batches from a worker are for the process that started it)"
             )
-        arr = np.frombuffer(mm, dtype=np.uint8, count=nbytes)
+        arr = np.frombuffer(memoryview(mm), dtype=np.uint8, count=nbytes)
         _views[key] = arr
         weakref.finalize(arr, _release, token, block_id, seq)
     return torch.from_numpy(arr).untyped_storage()

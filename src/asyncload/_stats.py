@@ -12,6 +12,7 @@ import collections
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from ._metrics import (
     _NUM_BUCKETS,
@@ -76,6 +77,23 @@ class LoaderStats:
     """Of ``wait_s``, the seconds spent waiting for a late batch while later ones were ready
     (``in_order=True``): the cost of stragglers, which ``prefetch_bytes`` lets workers overlap."""
 
+    hedges_sent: int = 0
+    """Hedged requests sent (a second request for a straggling read), summed over workers."""
+    hedges_won: int = 0
+    """Hedged requests that answered before the request they doubled."""
+    cache_hits: int = 0
+    """Reads served by the local cache (``cache_dir``)."""
+    cache_misses: int = 0
+    """Reads the local cache had to fetch from the store."""
+    shards_empty: int = 0
+    """``TarShards`` shards that held no sample (each also warned about)."""
+    shards_unterminated: int = 0
+    """``TarShards`` shards that ended without tar's end-of-archive block (warned about)."""
+    mixed: tuple[int, ...] = ()
+    """Samples a [`Mix`][asyncload.Mix] drew from each of its datasets, in their order: the
+    realised proportions (``()`` without a ``Mix``). Counted as drawn, so samples fetched
+    ahead of a loop that stopped early are included."""
+
 
 def _percentile(hist: list[int], q: float) -> float:
     total = sum(hist)
@@ -129,7 +147,30 @@ def merge(
         errors=dict(errors),
         wait_s=wait_s,
         head_wait_s=head_wait_s,
+        **_counted(snapshots),
     )
+
+
+# Counters noted by name (``_metrics.note_count``) that are fields of ``LoaderStats`` as they are.
+_COUNTED = (
+    "hedges_sent",
+    "hedges_won",
+    "cache_hits",
+    "cache_misses",
+    "shards_empty",
+    "shards_unterminated",
+)
+_MIX = "mix:"  # "mix:<i>": a sample a Mix drew from its dataset i
+
+
+def _counted(snapshots: list[RecorderSnapshot]) -> dict[str, Any]:
+    total: collections.Counter[str] = collections.Counter()
+    for snap in snapshots:
+        total.update(dict(snap.counts))
+    out: dict[str, Any] = {name: total[name] for name in _COUNTED}
+    mixed = {int(k[len(_MIX) :]): n for k, n in total.items() if k.startswith(_MIX)}
+    out["mixed"] = tuple(mixed.get(i, 0) for i in range(max(mixed) + 1)) if mixed else ()
+    return out
 
 
 class Tally:

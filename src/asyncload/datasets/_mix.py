@@ -23,6 +23,7 @@ import numpy as np
 import torch.utils.data
 
 from .._dataset import IterableDataset, aiter_for, fetcher_for
+from .._metrics import note_count
 from .._sharding import shard_position
 
 __all__ = ["Mix"]
@@ -244,6 +245,7 @@ class Mix(IterableDataset[Any]):
                         continue
                 drawn += 1
                 if not replaying:
+                    note_count(f"mix:{i}")  # the realised proportions in loader.stats()
                     yield item
         finally:
             for src in sources:

@@ -16,6 +16,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from .._context import AsyncloadWarning
+from .._metrics import note_count
 from ._tarstream import Ending
 
 __all__ = ["ShardStats", "note_ending"]
@@ -53,6 +54,7 @@ def note_ending(counts: Counter[str], shown: str, samples: int, ending: Ending) 
     counts["shards"] += 1
     if samples == 0:
         counts["empty"] += 1
+        note_count("shards_empty")  # this pass's loader.stats()
         if ending.size == 0:
             what = "is empty (0 bytes)"
         elif ending.marker:
@@ -66,6 +68,7 @@ def note_ending(counts: Counter[str], shown: str, samples: int, ending: Ending) 
         )
     elif not ending.marker:
         counts["unterminated"] += 1
+        note_count("shards_unterminated")
         warnings.warn(
             f"TarShards: shard {shown} ended after {ending.size} bytes without tar's "
             f"end-of-archive block: it was probably cut short, and the samples after its "

@@ -1,0 +1,173 @@
+"""``loader.stats()``: per pass, in both modes, with hedges, cache, Mix and shard counters."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import io
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import asyncload
+from asyncload import _hedge, _storage
+
+from ._http_server import ObjectServer
+from .datasets.test_tar import make_tar, shard_members
+
+pytestmark = pytest.mark.usefixtures("no_leaks")
+
+MODES = [pytest.param(0, id="thread"), pytest.param(2, id="processes")]
+
+
+def body(i: int) -> bytes:
+    return bytes([i % 251]) * 1000 + i.to_bytes(4, "big")
+
+
+def put(server: ObjectServer, prefix: str, n: int) -> list[str]:
+    return [server.put(f"{prefix}/{i}", body(i)) for i in range(n)]
+
+
+def as_list(batch: list[bytes]) -> list[bytes]:
+    return batch
+
+
+class Numbers(asyncload.Dataset[int]):
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    async def __getitem__(self, index: int) -> int:
+        await asyncio.sleep(0.001)
+        return index
+
+
+class Tagged(asyncload.Dataset[tuple[int, int]]):
+    """Item i of source *tag* is (tag, i)."""
+
+    def __init__(self, tag: int, n: int) -> None:
+        self.tag, self.n = tag, n
+
+    def __len__(self) -> int:
+        return self.n
+
+    async def __getitem__(self, index: int) -> tuple[int, int]:
+        return self.tag, index
+
+
+def test_persistent_workers_report_each_pass_on_its_own() -> None:
+    # Issue 12 item 16: worker counters went on across epochs while the clock restarted.
+    n = 96
+    loader = asyncload.DataLoader(
+        Numbers(n), batch_size=8, num_workers=2, persistent_workers=True, max_concurrency=8
+    )
+    for epoch in range(3):
+        assert sorted(i for b in loader for i in b.tolist()) == list(range(n))
+        s = loader.stats()
+        assert (s.samples, s.batches) == (n, n // 8), f"epoch {epoch}: {s}"
+        assert s.samples_per_s == pytest.approx(n / s.elapsed_s)
+
+
+@pytest.mark.usefixtures("clean_storage")
+@pytest.mark.parametrize("num_workers", MODES)
+def test_hedges_sent_and_won_are_in_stats(http_server: ObjectServer, num_workers: int) -> None:
+    # A min_delay far above loopback latency: only the two injected stragglers get hedged.
+    _storage.configure(http_server.url, hedge=asyncload.Hedge(budget=0.05, min_delay=0.3))
+    urls = put(http_server, "h", 64)
+    # The last sample of each worker's last batch (batches alternate between 2 workers): by
+    # then each worker has learned the latency from 31 reads and earned 1.6 hedge tokens, and
+    # no other read of it holds the connection the hedge needs (a worker's pool has
+    # max_concurrency connections).
+    for i in (59, 63):
+        http_server.delay(f"h/{i}", 5.0)  # the first request straggles, the hedge does not
+    loader = asyncload.DataLoader(
+        asyncload.RemoteFiles(urls),
+        batch_size=4,
+        num_workers=num_workers,
+        max_concurrency=2,
+        collate_fn=as_list,
+    )
+    got = [x for batch in loader for x in batch]
+    assert got == [body(i) for i in range(64)]
+    s = loader.stats()
+    assert s.elapsed_s < 4.0  # neither straggler was waited for
+    assert s.hedges_won >= 2
+    assert s.hedges_won <= s.hedges_sent <= 3  # the budget: 0.05 x 64 requests
+    assert sum(http_server.hits.values()) - 64 <= s.hedges_sent
+    if num_workers == 0:  # the engine's notes also reach this process's totals
+        assert _hedge.counts().sent == s.hedges_sent
+
+
+@pytest.mark.usefixtures("clean_storage")
+@pytest.mark.parametrize(
+    ("num_workers", "persistent"),
+    [pytest.param(0, False, id="thread"), pytest.param(2, True, id="persistent")],
+)
+def test_cache_misses_then_hits_per_pass(
+    http_server: ObjectServer, tmp_path: Path, num_workers: int, persistent: bool
+) -> None:
+    _storage.configure(http_server.url, cache_dir=str(tmp_path / "cache"))
+    urls = put(http_server, "c", 24)
+    loader = asyncload.DataLoader(
+        asyncload.RemoteFiles(urls),
+        batch_size=4,
+        num_workers=num_workers,
+        persistent_workers=persistent,
+        collate_fn=as_list,
+    )
+    seen = []
+    for _ in range(3):
+        assert [x for batch in loader for x in batch] == [body(i) for i in range(24)]
+        s = loader.stats()
+        seen.append((s.cache_misses, s.cache_hits))
+    assert seen == [(24, 0), (0, 24), (0, 24)]
+    assert all(http_server.hits[f"c/{i}"] == 1 for i in range(24))
+
+
+@pytest.mark.parametrize("num_workers", MODES)
+def test_mix_reports_what_it_drew_from_each_dataset(num_workers: int) -> None:
+    mix = asyncload.Mix([Tagged(0, 300), Tagged(1, 200), Tagged(2, 100)], [0.5, 0.3, 0.2])
+    mix_samples = asyncload.Mix([Tagged(0, 50), Tagged(1, 50)], [0.8, 0.2], samples=400, seed=3)
+    for ds, epochs in ((mix, 1), (mix_samples, 2)):
+        loader = asyncload.DataLoader(
+            ds,
+            batch_size=8,
+            num_workers=num_workers,
+            persistent_workers=num_workers > 0,
+        )
+        for _ in range(epochs):
+            got = collections.Counter(int(t) for batch in loader for t in batch[0].tolist())
+            s = loader.stats()
+            assert s.mixed == tuple(got[i] for i in range(len(ds.datasets))), s.mixed
+            assert sum(s.mixed) == sum(got.values()) > 0
+    assert sum(s.mixed) == 400
+
+
+@pytest.mark.usefixtures("clean_storage")
+@pytest.mark.filterwarnings("ignore:TarShards. shard:asyncload.AsyncloadWarning")
+@pytest.mark.parametrize("num_workers", MODES)
+def test_suspect_shards_are_counted_in_stats(http_server: ObjectServer, num_workers: int) -> None:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name, data in shard_members(8, 4):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        members_end = tar.offset
+    urls = [
+        http_server.put("sh/empty.tar", b""),
+        http_server.put("sh/good.tar", make_tar(shard_members(0, 4))),
+        http_server.put("sh/cut.tar", buf.getvalue()[:members_end]),  # no end-of-archive block
+        http_server.put("sh/good2.tar", make_tar(shard_members(4, 4))),
+    ]
+    loader = asyncload.DataLoader(
+        asyncload.TarShards(urls), batch_size=None, num_workers=num_workers
+    )
+    samples: list[Any] = list(loader)
+    s = loader.stats()
+    assert len(samples) == 12
+    assert (s.shards_empty, s.shards_unterminated) == (1, 1)
