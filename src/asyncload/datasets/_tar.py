@@ -9,19 +9,17 @@ an epoch can be replayed exactly and resumed by skipping::
 
 Shards are fetched with ``asyncload.stream``; each open shard's parser fills a small
 byte-bounded buffer of samples while the interleaver takes one sample from each open shard in
-turn, waiting for a slow one rather than taking whichever arrives first.
+turn, waiting for a slow one rather than taking whichever arrives first. The stages themselves
+live in ``_tar_pipeline``; this module holds the options, the shard assignment and decoding.
 """
 
 from __future__ import annotations
 
-import asyncio
-import collections
-import os
 import warnings
 from collections import Counter
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Mapping
 from contextlib import aclosing
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -34,32 +32,22 @@ from .._redact import redact_url
 from .._sharding import get_worker_info, rank_and_world_size
 from ..sources import StorageOptions
 from ._decoders import PICKLE_EXTENSIONS, check_pickle_guard, decode_fields, table_for
-from ._gzip import maybe_gunzip
-from ._shardcheck import ShardStats, note_ending
-from ._tarstream import (
-    Channel,
-    Ending,
-    Failed,
-    expand_urls,
-    iter_members,
-    split_name,
-    unsafe_reason,
+from ._shardcheck import ShardStats
+from ._tar_pipeline import (
+    OpenShard,
+    Sample,
+    capped,
+    decode_in_pool,
+    interleaved,
+    open_shard,
+    shuffled,
 )
+from ._tarstream import expand_urls
 
 __all__ = ["PICKLE_EXTENSIONS", "ShardStats", "TarShards"]
 
-Sample = dict[str, Any]
 Handler = Literal["raise", "warn", "skip"] | Callable[[Exception], bool]
 Decoders = Mapping[str, Callable[[bytes], Any]] | Callable[[Sample], Sample] | None
-
-
-class _Open:
-    """A shard being streamed: its producer task and its channel."""
-
-    __slots__ = ("channel", "task")
-
-    def __init__(self, task: asyncio.Task[None], channel: Channel) -> None:
-        self.task, self.channel = task, channel
 
 
 class TarShards(IterableDataset[Sample]):
@@ -263,14 +251,18 @@ class TarShards(IterableDataset[Sample]):
             stream = self._interleaved(shards)
         else:
             per, extra = divmod(self.samples_per_rank, workers)
-            stream = self._capped(shards, per + (worker < extra))
+            stream = capped(
+                lambda: self._interleaved(shards),
+                per + (worker < extra),
+                empty=f"samples_per_rank={self.samples_per_rank}: shards {shards} hold no samples",
+            )
         if self.shuffle_buffer > 1:
             rng = np.random.default_rng((self.seed, self.epoch, rank, world, worker, workers))
-            stream = self._shuffled(stream, rng)
+            stream = shuffled(stream, rng, self.shuffle_buffer)
         async with aclosing(stream) as raw:
             seen = 0
             if self.decode_in_thread:
-                async for sample in self._decode_in_pool(raw, skip):
+                async for sample in decode_in_pool(raw, skip, self._decode_or_handle):
                     yield sample
                 return
             async for item in raw:
@@ -281,138 +273,19 @@ class TarShards(IterableDataset[Sample]):
                 if decoded is not None:
                     yield decoded
 
-    async def _capped(self, shards: list[int], quota: int) -> AsyncGenerator[Sample, None]:
-        given = 0
-        while given < quota:
-            before = given
-            async with aclosing(self._interleaved(shards)) as it:
-                async for sample in it:
-                    yield sample
-                    given += 1
-                    if given >= quota:
-                        return
-            if given == before:
-                raise ArchiveError(
-                    f"samples_per_rank={self.samples_per_rank}: shards {shards} hold no samples"
-                )
+    def _interleaved(self, shards: list[int]) -> AsyncGenerator[Sample, None]:
+        return interleaved(
+            shards, width=self.shards_in_flight, open_one=self._open, carry_on=self._carry_on
+        )
 
-    async def _shuffled(
-        self, stream: AsyncGenerator[Sample, None], rng: np.random.Generator
-    ) -> AsyncGenerator[Sample, None]:
-        buf: list[Sample] = []
-        draws = rng.random(1024)
-        d = 0
-        async with aclosing(stream) as it:
-            async for sample in it:
-                buf.append(sample)
-                if len(buf) <= self.shuffle_buffer:
-                    continue
-                if d == len(draws):
-                    draws, d = rng.random(1024), 0
-                j = int(draws[d] * len(buf))
-                d += 1
-                buf[j], buf[-1] = buf[-1], buf[j]
-                yield buf.pop()
-        for j in rng.permutation(len(buf)):
-            yield buf[j]
-
-    async def _interleaved(self, shards: list[int]) -> AsyncGenerator[Sample, None]:
-        """One sample from each of ``shards_in_flight`` open shards in turn, in shard order.
-
-        The next shards are opened ahead so their first bytes are there when a slot frees up;
-        a finished shard's slot goes to the next shard, so the order depends on data alone.
-        """
-        pending = collections.deque(shards)
-        width = self.shards_in_flight
-        window: list[_Open] = []
-        ahead: collections.deque[_Open] = collections.deque()
-
-        def refill() -> None:
-            while pending and len(window) < width:
-                window.append(ahead.popleft() if ahead else self._open(pending.popleft()))
-            while pending and len(ahead) < width:
-                ahead.append(self._open(pending.popleft()))
-
-        try:
-            refill()
-            i = 0
-            while window:
-                i %= len(window)
-                shard = window[i]
-                item = await shard.channel.get()
-                if isinstance(item, dict):
-                    yield item
-                    i += 1
-                    continue
-                if isinstance(item, Failed):
-                    if item.handled or not self._carry_on(item.exc):
-                        raise item.exc
-                # This shard is done: its slot goes to the next one, taken right away.
-                if ahead:
-                    window[i] = ahead.popleft()
-                else:
-                    del window[i]
-                refill()
-        finally:
-            tasks = [s.task for s in (*window, *ahead)]
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-
-    def _open(self, sid: int) -> _Open:
-        channel = Channel(self.buffer_bytes)
-        task = asyncio.get_running_loop().create_task(self._produce(sid, channel))
-        return _Open(task, channel)
-
-    async def _produce(self, sid: int, channel: Channel) -> None:
-        url = str(self._urls[sid])
-        shown = redact_url(url)
-        try:
-            raw = cast(
-                AsyncGenerator[bytes, None], _storage.stream(url, chunk_size=self.chunk_size)
-            )
-            ending = Ending()
-            samples = 0
-            async with (
-                aclosing(raw),
-                aclosing(maybe_gunzip(raw, url, self.chunk_size)) as chunks,
-                aclosing(iter_members(chunks, url, ending)) as members,
-            ):
-                sample: Sample | None = None
-                size = 0
-                async for m in members:
-                    reason = unsafe_reason(m)
-                    if reason is not None:
-                        exc = ArchiveError(f"{shown}: unsafe {reason} at offset {m.offset}")
-                        if not self._carry_on(exc):
-                            channel.fail(exc, handled=True)
-                            return
-                        continue
-                    parts = split_name(m.name) if m.kind == "file" else None
-                    if parts is None:
-                        continue
-                    key, ext = parts
-                    if sample is None or key != sample["__key__"]:
-                        if sample is not None:
-                            await channel.put(sample, size)
-                            samples += 1
-                        sample = {"__key__": key, "__url__": shown}
-                        size = 0
-                    if ext in sample:
-                        raise ArchiveError(
-                            f"{shown}: duplicate member {m.name!r} at offset {m.offset}"
-                        )
-                    sample[ext] = m.data
-                    size += len(m.data)
-                if sample is not None:
-                    await channel.put(sample, size)
-                    samples += 1
-            # Inside the try: with warnings turned into errors, the warning fails the shard.
-            note_ending(self._counts, shown, samples, ending)
-        except Exception as exc:
-            channel.fail(exc, handled=False)
-            return
-        channel.close()
+    def _open(self, sid: int) -> OpenShard:
+        return open_shard(
+            str(self._urls[sid]),
+            chunk_size=self.chunk_size,
+            buffer_bytes=self.buffer_bytes,
+            counts=self._counts,
+            carry_on=self._carry_on,
+        )
 
     # ── errors and decoding ────────────────────────────────────────────────────────────────
 
@@ -442,32 +315,6 @@ class TarShards(IterableDataset[Sample]):
             if self._carry_on(err):
                 return None
             raise err from exc
-
-    async def _decode_in_pool(
-        self, raw: AsyncIterator[Sample], skip: int
-    ) -> AsyncGenerator[Sample, None]:
-        # Up to this many decodes run in the pool while parsing goes on; results keep their order.
-        loop = asyncio.get_running_loop()
-        limit = min(32, (os.cpu_count() or 1) * 2)
-        running: collections.deque[asyncio.Future[Sample | None]] = collections.deque()
-        seen = 0
-        try:
-            async for item in raw:
-                seen += 1
-                if seen <= skip:
-                    continue
-                running.append(loop.run_in_executor(None, self._decode_or_handle, item))
-                if len(running) >= limit:
-                    done = await running.popleft()
-                    if done is not None:
-                        yield done
-            while running:
-                done = await running.popleft()
-                if done is not None:
-                    yield done
-        finally:
-            for f in running:
-                f.cancel()
 
     def __repr__(self) -> str:
         first = redact_url(str(self._urls[0]))

@@ -7,37 +7,32 @@ generator holds the session and ``loop.shutdown_asyncgens()`` (which ``asyncio.r
 finalizes it.
 
 Redirects are followed by hand so that a redirect to another host (or to ``file:``) is refused
-unless ``StorageOptions.allow_cross_host_redirects`` is set.
+unless ``StorageOptions.allow_cross_host_redirects`` is set. What a response or an exception
+means (statuses, lengths, versions, error mapping) is read in ``_http_errors``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import errno
-import re
 import ssl
-import time
 from collections.abc import AsyncGenerator, AsyncIterator
-from email.utils import parsedate_to_datetime
 from urllib.parse import urljoin, urlsplit
 
 import aiohttp
 from yarl import URL
 
-from .._exceptions import (
-    ConnectError,
-    IncompleteRead,
-    InvalidURL,
-    NotFound,
-    ObjectChanged,
-    PermissionDenied,
-    RedirectError,
-    RequestTimeout,
-    ServerError,
-    StorageError,
-)
+from .._exceptions import InvalidURL, RedirectError
 from .._retry import AttemptFailed
 from ._base import Backend, ObjectInfo, Resume, StorageOptions, encode_url, pool_size, register
+from ._http_errors import (
+    check_length,
+    check_status,
+    check_version,
+    map_error,
+    object_changed,
+    parse_http_date,
+    total_size,
+)
 from ._pacing import PacedConnector
 
 __all__ = ["HttpBackend", "map_error"]
@@ -46,18 +41,6 @@ _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 _MAX_REDIRECTS = 10
 # Bytes are the payload: ask for no transfer encoding so lengths and ranges mean what they say.
 _BASE_HEADERS = {"Accept-Encoding": "identity"}
-# How much of an error body is read for its message (S3 error XML fits).
-_ERROR_BODY_BYTES = 4096
-_XML_FIELD = re.compile(r"<(\w+)>([^<]{1,300})</\1>")
-# OpenSSL's words for "the peer did not answer in TLS" (a plain-HTTP port, usually).
-_NOT_TLS = (
-    "wrong_version_number",
-    "wrong version number",
-    "record layer failure",
-    "packet length too long",
-    "http request",
-    "unexpected eof while reading",
-)
 
 
 class _LoopClient:
@@ -224,12 +207,12 @@ class HttpBackend(Backend):
         try:
             if resp.status == 416:
                 return b""  # a range past the end: empty, as slicing would give
-            await _check_status(resp)
+            await check_status(resp)
             try:
                 data = await resp.read()
             except Exception as exc:
                 raise map_error(exc, options) from exc
-            _check_length(resp, len(data))
+            check_length(resp, len(data))
             if extra is not None and resp.status == 200:
                 # The server ignored Range and sent everything: cut the range out ourselves.
                 data = data[start or 0 : end]
@@ -268,10 +251,10 @@ class HttpBackend(Backend):
             if resp.status == 416:
                 return
             if resp.status == 412 and known is not None:
-                raise _changed(known, None, start)
-            await _check_status(resp)
+                raise object_changed(known, None, start)
+            await check_status(resp)
             if resume is not None:
-                _check_version(resp, resume, start)
+                check_version(resp, resume, start)
             skip = start if extra is not None and resp.status == 200 else 0
             received = 0
             try:
@@ -287,7 +270,7 @@ class HttpBackend(Backend):
                 raise
             except Exception as exc:
                 raise map_error(exc, options) from exc
-            _check_length(resp, received)
+            check_length(resp, received)
         finally:
             resp.release()
 
@@ -297,14 +280,14 @@ class HttpBackend(Backend):
             if resp.status == 405:  # no HEAD here: ask for one byte and read the total
                 resp.release()
                 resp = await self._request("GET", url, options, {"Range": "bytes=0-0"})
-            await _check_status(resp)
-            size = _total_size(resp)
+            await check_status(resp)
+            size = total_size(resp)
             modified = resp.headers.get("Last-Modified")
             return ObjectInfo(
                 url=url,
                 size=size,
                 etag=resp.headers.get("ETag"),
-                mtime=_parse_http_date(modified) if modified else None,
+                mtime=parse_http_date(modified) if modified else None,
             )
         finally:
             resp.release()
@@ -322,180 +305,6 @@ def _origin(url: str) -> tuple[str, str, int | None]:
     scheme = parts.scheme.lower()
     port = parts.port or (443 if scheme == "https" else 80)
     return scheme, (parts.hostname or "").lower(), port
-
-
-def _parse_http_date(value: str) -> float | None:
-    try:
-        return parsedate_to_datetime(value).timestamp()
-    except (TypeError, ValueError, IndexError):
-        return None
-
-
-def _retry_after(resp: aiohttp.ClientResponse) -> float | None:
-    value = resp.headers.get("Retry-After")
-    if value is None:
-        return None
-    value = value.strip()
-    if value.isdigit():
-        return float(value)
-    when = _parse_http_date(value)
-    return None if when is None else max(0.0, when - time.time())
-
-
-def _check_version(resp: aiohttp.ClientResponse, resume: Resume, start: int) -> None:
-    """Record the first response's version in *resume*; refuse another one on a resume."""
-    etag = resp.headers.get("ETag")
-    size = _total_size(resp) if resp.status == 206 or resp.content_length is not None else None
-    if resume.etag is None or not start:
-        resume.etag = etag or resp.headers.get("Last-Modified")
-        resume.size = size
-        return
-    now = etag or resp.headers.get("Last-Modified")
-    # A server that ignores If-Match/If-Range (or Range: a 200) still names what it sent.
-    if now is not None and now.removeprefix("W/") != resume.etag.removeprefix("W/"):
-        raise _changed(resume.etag, now, start)
-    if size is not None and resume.size is not None and size != resume.size:
-        raise _changed(resume.etag, f"{now} (size {resume.size} -> {size})", start)
-
-
-def _changed(old: str, new: str | None, start: int) -> AttemptFailed:
-    became = f"became {new}" if new else "no longer matches"
-    return AttemptFailed(
-        ObjectChanged,
-        f"the object was replaced while it was being streamed (ETag {old} {became}); "
-        f"{start} bytes of the old version were already delivered, so it was not resumed "
-        "with the new one: read it again from the start",
-        status=412,
-    )
-
-
-async def _body_hint(resp: aiohttp.ClientResponse) -> str:
-    """The first line of an error body (S3's `<Code>`/`<Message>`), for the message."""
-    try:
-        raw = await asyncio.wait_for(resp.content.read(_ERROR_BODY_BYTES), 1.0)
-    except Exception:
-        return ""
-    text = raw.decode("utf-8", "replace")
-    code = _XML_FIELD.findall(text)
-    if code:
-        said = "; ".join(f"{k}: {v.strip()}" for k, v in code if k in ("Code", "Message"))
-    else:
-        said = " ".join(text.split())[:200]
-    return f"; the server said: {said}" if said else ""
-
-
-async def _check_status(resp: aiohttp.ClientResponse) -> None:
-    status = resp.status
-    if status < 300:
-        return
-    hint = await _body_hint(resp)
-    if status in (404, 410):
-        raise AttemptFailed(NotFound, "no such object", status=status)
-    if status in (401, 403):
-        raise AttemptFailed(
-            PermissionDenied,
-            "access denied; send credentials with asyncload.configure(prefix, "
-            "headers={'Authorization': ...}) or use a (fresh) presigned URL" + hint,
-            status=status,
-        )
-    if status >= 500 or status == 429:
-        raise AttemptFailed(
-            ServerError,
-            f"server answered {status} {resp.reason or ''}".rstrip(),
-            status=status,
-            retryable=True,
-            reason=str(status),
-            retry_after=_retry_after(resp),
-        )
-    raise AttemptFailed(
-        StorageError, f"request refused: {status} {resp.reason}{hint}", status=status
-    )
-
-
-def _check_length(resp: aiohttp.ClientResponse, received: int) -> None:
-    announced = resp.content_length
-    if announced is not None and received != announced:
-        raise AttemptFailed(
-            IncompleteRead,
-            f"body has {received} bytes but Content-Length announced {announced}",
-            retryable=True,
-            reason="incomplete",
-        )
-
-
-def _total_size(resp: aiohttp.ClientResponse) -> int:
-    content_range = resp.headers.get("Content-Range", "")
-    if resp.status == 206 and "/" in content_range:
-        total = content_range.rsplit("/", 1)[1]
-        if total.isdigit():
-            return int(total)
-    if resp.content_length is None:
-        raise AttemptFailed(StorageError, "the server did not say how large the object is")
-    return resp.content_length
-
-
-def map_error(exc: BaseException, options: StorageOptions) -> AttemptFailed:
-    """Translate an aiohttp (or socket) exception from one attempt into an AttemptFailed."""
-    if isinstance(exc, AttemptFailed):
-        return exc
-    if isinstance(exc, aiohttp.ClientSSLError) and any(
-        word in str(exc).lower() for word in _NOT_TLS
-    ):
-        return AttemptFailed(
-            ConnectError,
-            f"the TLS handshake failed because the server did not answer in TLS ({exc}): "
-            "is this server plain HTTP? Then use an http:// URL",
-        )
-    if isinstance(exc, aiohttp.ClientSSLError):
-        return AttemptFailed(
-            ConnectError,
-            f"TLS verification failed ({exc}); trust a private CA with "
-            "asyncload.configure(prefix, ca_bundle='/path/to/ca.pem')",
-        )
-    if isinstance(exc, aiohttp.ConnectionTimeoutError):
-        return AttemptFailed(
-            RequestTimeout,
-            f"connect timed out after {options.connect_timeout:g}s",
-            retryable=True,
-            reason="timeout",
-        )
-    if isinstance(exc, (aiohttp.ServerTimeoutError, asyncio.TimeoutError)):
-        return AttemptFailed(
-            RequestTimeout,
-            f"read timed out (read_timeout={options.read_timeout:g}s)",
-            retryable=True,
-            reason="timeout",
-        )
-    if isinstance(exc, aiohttp.ClientPayloadError):
-        return AttemptFailed(
-            IncompleteRead, f"body ended early: {exc}", retryable=True, reason="incomplete"
-        )
-    if isinstance(exc, aiohttp.ClientConnectorDNSError):
-        return AttemptFailed(ConnectError, f"unknown host: {exc}")
-    if isinstance(exc, aiohttp.ClientConnectorError):
-        if exc.os_error.errno == errno.EMFILE:
-            # Our own limit, not the server's: waiting won't help, and the fix is local.
-            return AttemptFailed(
-                ConnectError,
-                f"cannot connect: {exc}. This process ran out of file descriptors: raise the "
-                "limit (`ulimit -n`, RLIMIT_NOFILE) or lower the DataLoader's max_concurrency",
-            )
-        # A refused connection means the address is wrong or the server is down: fail fast.
-        refused = exc.os_error.errno == errno.ECONNREFUSED
-        return AttemptFailed(
-            ConnectError,
-            f"cannot connect: {exc}",
-            retryable=not refused,
-            reason="connect",
-        )
-    if isinstance(exc, (aiohttp.InvalidURL, ValueError)):
-        # yarl refuses some URLs urlsplit lets through (text after an IPv6 literal).
-        return AttemptFailed(InvalidURL, f"malformed URL: {exc}")
-    if isinstance(exc, (aiohttp.ClientError, OSError)):
-        return AttemptFailed(
-            ConnectError, f"connection lost: {exc!r}", retryable=True, reason="connection"
-        )
-    raise exc
 
 
 _backend = HttpBackend()
