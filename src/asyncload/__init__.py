@@ -22,6 +22,7 @@ from ._dataset import Dataset, IterableDataset
 from ._exceptions import (
     ArchiveError,
     BatchTimeout,
+    BlockedLoopWarning,
     ConnectError,
     IncompleteRead,
     InvalidURL,
@@ -61,6 +62,7 @@ __all__ = [
     "ArchiveError",
     "AsyncloadWarning",
     "BatchTimeout",
+    "BlockedLoopWarning",
     "ConnectError",
     "DataLoader",
     "Dataset",

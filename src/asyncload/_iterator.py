@@ -42,6 +42,7 @@ from ._protocol import (
 )
 from ._queues import unpack
 from ._resume import Progress, ResumePoint, capture_rng, restore_rng
+from ._watchdog import StallBoard
 from ._worker import ThreadWorker, WorkerConfig, worker_main
 
 if TYPE_CHECKING:
@@ -124,6 +125,7 @@ class LoaderIter:
         self._max_outstanding = loader._outstanding_per_worker * self._num_workers
         self._generation = 0
         self._last_check = time.monotonic()
+        self._stalls = StallBoard()  # asyncload-guard hook: workers' blocked event loops
 
         if loader.pin_memory and loader.pin_memory_device:
             warnings.warn(
@@ -209,7 +211,13 @@ class LoaderIter:
     # ── start-up ───────────────────────────────────────────────────────────────────────────
 
     def _start_processes(self, loader: DataLoader[Any], configs: list[WorkerConfig]) -> None:
-        ctx = resolve_context(loader.multiprocessing_context)
+        objects = {
+            "dataset": loader.dataset,
+            "collate_fn": loader.collate_fn,
+            "worker_init_fn": loader.worker_init_fn,
+        }
+        # asyncload-guard hook: objects let the start method be checked against __main__.
+        ctx = resolve_context(loader.multiprocessing_context, objects)
         self._done_event = ctx.Event()
         self._result_queue = ctx.Queue()
         self._index_queues: list[Any] = []
@@ -229,11 +237,6 @@ class LoaderIter:
                 except Exception as exc:
                     if isinstance(exc, (OSError, RuntimeError)) and not _is_pickling_error(exc):
                         raise
-                    objects = {
-                        "dataset": loader.dataset,
-                        "collate_fn": loader.collate_fn,
-                        "worker_init_fn": loader.worker_init_fn,
-                    }
                     raise diagnose_pickling(objects, ctx.get_start_method(), exc) from exc
                 self._index_queues.append(index_queue)
                 self._workers.append(proc)
@@ -449,6 +452,8 @@ class LoaderIter:
                 # just died, say so (with its pid and signal) rather than "connection reset".
                 self._raise_if_a_worker_died(exc)
                 raise
+            if self._stalls.take(msg):  # asyncload-guard hook: a blocked loop, warned about
+                continue
             if isinstance(msg, BaseException):  # the pin-memory thread could not unpack
                 self._raise_if_a_worker_died(msg)
                 raise msg
@@ -462,9 +467,15 @@ class LoaderIter:
             if msg is not None:
                 return msg
             if deadline is not None and time.monotonic() >= deadline:
+                stalled = self._stalls.describe()  # asyncload-guard hook
                 raise BatchTimeout(
-                    f"DataLoader timed out after {self._timeout} seconds waiting for "
-                    f"{self._describe_waiting()}. Raise timeout=, or look at loader.stats() "
+                    f"DataLoader timed out after {self._timeout} seconds"
+                    + (
+                        f": {stalled}. The training loop waited for "
+                        if stalled
+                        else " waiting for "
+                    )
+                    + f"{self._describe_waiting()}. Raise timeout=, or look at loader.stats() "
                     "for slow requests and retries."
                 )
 
