@@ -60,3 +60,20 @@ class SyncReturnsCoroutine(asyncload.Dataset[int]):
 
     def __getitem__(self, index: int) -> Coroutine[Any, Any, int]:  # type: ignore[override]
         return _value(index)
+
+
+def _refuse_to_rebuild() -> None:
+    raise AttributeError("Can't get attribute 'Vanished' on <module '__mp_main__'>")
+
+
+class FailsToUnpickle(asyncload.Dataset[int]):
+    """Pickles fine, but can't be unpickled (as a class the worker can't import)."""
+
+    def __len__(self) -> int:
+        return 4
+
+    async def __getitem__(self, index: int) -> int:
+        return index
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_refuse_to_rebuild, ())

@@ -24,9 +24,10 @@ from types import FrameType
 from typing import Any
 
 from ._exceptions import NotPicklable
-from ._protocol import add_note
+from ._protocol import Failure, RemoteError, add_note
 
 __all__ = [
+    "Shipped",
     "check_main_module",
     "fork_unsafe_reason",
     "main_file",
@@ -106,13 +107,21 @@ def _children(node: ast.stmt) -> list[list[ast.stmt]]:
     return blocks
 
 
+def _mentions_name(test: ast.expr) -> bool:
+    return any(isinstance(n, ast.Name) and n.id == "__name__" for n in ast.walk(test))
+
+
 def _guarded(body: list[ast.stmt], lineno: int) -> bool:
-    """Whether line *lineno* of the module lies under an ``if __name__ == "__main__":``."""
+    """Whether line *lineno* of the module lies under an ``if __name__ == "__main__":``.
+
+    Any ``if`` that tests ``__name__`` counts (``!=``, ``in``, ``else:`` branches): when in
+    doubt, the script is taken to be guarded.
+    """
     for node in body:
         if not node.lineno <= lineno <= (node.end_lineno or node.lineno):
             continue
-        if isinstance(node, ast.If) and _is_main_test(node.test):
-            return any(n.lineno <= lineno <= (n.end_lineno or n.lineno) for n in node.body)
+        if isinstance(node, ast.If) and _mentions_name(node.test):
+            return True
         return any(_guarded(block, lineno) for block in _children(node))
     return False
 
@@ -288,3 +297,57 @@ def refuse_main_objects(objects: dict[str, Any], reason: str) -> None:
         "notebook) and import them; or create and iterate the DataLoader before anything starts "
         "threads or uses s3://, gs:// or az:// in this process; or save the script to a file."
     )
+
+
+# ── a worker's arguments, unpickled where a failure can be reported ───────────────────────────
+
+
+class Shipped:
+    """A worker's config, pickled separately so that the worker can report failing to unpickle it.
+
+    Under ``spawn`` and ``forkserver`` the child unpickles its arguments before any of our code
+    runs; a failure there (a class it can't import) killed it with a bare "exit code 1".
+    """
+
+    def __init__(self, cfg: Any, method: str) -> None:
+        self.cfg = cfg
+        self.method = method
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        worker_id = getattr(self.cfg, "worker_id", -1)
+        return (_receive, (worker_id, self.method, pickle.dumps(self.cfg, pickle.HIGHEST_PROTOCOL)))
+
+
+def _receive(worker_id: int, method: str, payload: bytes) -> Any:
+    try:
+        return pickle.loads(payload)
+    except Exception as exc:
+        error = NotPicklable(
+            f"DataLoader worker {worker_id} could not unpickle its arguments (the dataset, "
+            f"collate_fn or worker_init_fn): {type(exc).__name__}: {exc}. Workers started with "
+            f"{method!r} import these by name: define them at the top level of a module the "
+            "worker can import (not under `if __name__ == '__main__':`, not in a notebook), or "
+            "pass multiprocessing_context='fork'."
+        )
+        error.__cause__ = exc
+        return _Unreceived(worker_id, error)
+
+
+class _Unreceived:
+    def __init__(self, worker_id: int, error: Exception) -> None:
+        self.worker_id = worker_id
+        self.error = error
+
+
+def received(sent: Any, result_queue: Any) -> Any:
+    """The worker's config from what :class:`Shipped` became; ``None`` once a failure to
+    unpickle it has been reported to the main process."""
+    if isinstance(sent, Shipped):
+        return sent.cfg  # fork: nothing was pickled
+    if not isinstance(sent, _Unreceived):
+        return sent
+    where = f"in DataLoader worker {sent.worker_id} (pid {os.getpid()}) during start-up"
+    result_queue.put(Failure(-1, 0, sent.worker_id, RemoteError.capture(sent.error, where)))
+    result_queue.close()
+    result_queue.join_thread()
+    return None

@@ -28,6 +28,7 @@ import torch.utils.data
 from . import _sharding, _shm, _stats, _storage
 from ._context import diagnose_pickling, resolve_context
 from ._exceptions import BatchTimeout, WorkerError
+from ._guards import Shipped
 from ._pin_memory import PinMemoryThread, accelerator_device, pin
 from ._protocol import (
     POLL_INTERVAL,
@@ -228,7 +229,13 @@ class LoaderIter:
                 index_queue.cancel_join_thread()
                 proc = ctx.Process(  # type: ignore[attr-defined]
                     target=worker_main,
-                    args=(cfg, index_queue, self._result_queue, self._done_event),
+                    # asyncload-guard hook: a worker that can't unpickle cfg says so.
+                    args=(
+                        Shipped(cfg, ctx.get_start_method()),
+                        index_queue,
+                        self._result_queue,
+                        self._done_event,
+                    ),
                     name=f"asyncload-worker-{cfg.worker_id}",
                     daemon=True,
                 )

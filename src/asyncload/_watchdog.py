@@ -19,6 +19,7 @@ from __future__ import annotations
 import ctypes
 import inspect
 import os
+import platform
 import signal
 import sys
 import sysconfig
@@ -49,6 +50,9 @@ DEFAULT_THRESHOLD = 0.1
 STUCK_FACTOR = 100
 """A loop blocked this many thresholds (10 s by default) is reported again, also after the
 once-per-worker warning: with ``timeout=0`` nothing else would say that a worker is stuck."""
+
+# futex(2)'s number, as /proc/<pid>/task/<tid>/syscall shows it.
+_FUTEX = {"x86_64": b"202", "aarch64": b"98"}.get(platform.machine())
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 _LIBRARY_DIRS = tuple(
@@ -191,6 +195,8 @@ class LoopMonitor:
         self._threshold = threshold
         self._interval = min(threshold / 4, 0.025)
         self._loop_thread = threading.get_ident()
+        task = f"/proc/self/task/{threading.get_native_id()}"
+        self._schedstat, self._syscall = f"{task}/schedstat", f"{task}/syscall"
         self._beat = time.monotonic()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="asyncload-loop-monitor")
@@ -203,43 +209,83 @@ class LoopMonitor:
     def stop(self) -> None:
         self._stop.set()
 
+    def _waited(self) -> float:
+        """Seconds the loop thread has spent runnable but not running (Linux), else 0."""
+        try:
+            with open(self._schedstat, "rb") as f:
+                return int(f.read().split()[1]) / 1e9
+        except (OSError, IndexError, ValueError):
+            return 0.0
+
+    def _waits_on_lock(self) -> bool:
+        """Whether the loop thread sleeps on a futex: most likely the GIL (Linux only)."""
+        try:
+            with open(self._syscall, "rb") as f:
+                return f.read().split()[0] == _FUTEX
+        except (OSError, IndexError):
+            return False
+
     def _tick(self) -> None:
         self._beat = time.monotonic()
         if not self._stop.is_set():
             self._loop.call_later(self._interval, self._tick)
 
+    def _holder(self) -> int | None:
+        """Identifies the sample fetch on the loop thread's stack now (``None``: none)."""
+        frame = sys._current_frames().get(self._loop_thread)
+        while frame is not None:
+            if frame.f_code is _FETCH_CODE:
+                return id(frame)
+            frame = frame.f_back
+        return None
+
     def _watch(self) -> None:
         warned = stuck_warned = reported = False
         prev = time.monotonic()
+        waited = self._waited()
+        holder: int | None = None
+        since = beat = 0.0
         while not self._stop.wait(self._interval):
             now = time.monotonic()
             late, prev = now - prev - self._interval, now
-            blocked = now - self._beat
-            if blocked <= self._threshold + self._interval:
+            if now - self._beat <= 2 * self._interval:  # the loop turns
+                waited, holder = self._waited(), None
                 if reported:
                     reported = False
                     self._put(LoopBlocked(self._worker_id, ended=True))
                 continue
-            if late > self._threshold / 2:
-                # This thread didn't run either: the process was descheduled (or C code held
-                # the GIL). Don't blame the loop for that; look again on the next round.
+            # One loop iteration may run many short callbacks: only a sample seen on the loop
+            # thread's stack at every look, with no heartbeat between, holds the loop.
+            current = self._holder()
+            if current != holder or self._beat != beat:
+                holder, since, beat = current, now - self._interval, self._beat
+            idle = now - self._beat
+            # On a busy machine the loop thread may wait for a CPU for a long time: that is not
+            # the sample's doing, so time spent runnable but not running is not counted.
+            held = (now - since if holder is not None else idle) - (self._waited() - waited)
+            stuck = held >= STUCK_FACTOR * self._threshold
+            if held <= self._threshold or late > self._threshold / 2:
+                # (This thread late too: the process was descheduled, or C code held the GIL.)
                 continue
-            stuck = blocked >= STUCK_FACTOR * self._threshold
+            if not stuck and held < 5 * self._threshold and self._waits_on_lock():
+                # Waiting for the GIL, whose holder may itself wait for a CPU: a busy machine,
+                # not a blocking call (a lock held this long is reported once it lasts).
+                continue
             if reported and (stuck_warned or not stuck):
                 continue
-            found = inspect_loop(sys._current_frames().get(self._loop_thread))
+            frame = sys._current_frames().get(self._loop_thread)
+            found = inspect_loop(frame)
             if found is None and not stuck:
                 continue  # collate, or asyncload's own code: not a sample's blocking call
             dataset, index, location, stack = found or ("", "", "?", "")
             if found is None:
-                frame = sys._current_frames().get(self._loop_thread)
                 stack = "".join(traceback.format_stack(frame)).rstrip() if frame else ""
             warn = not warned or (stuck and not stuck_warned)
             warned = True
             stuck_warned = stuck_warned or (stuck and warn)
             reported = True
             self._put(
-                LoopBlocked(self._worker_id, False, warn, blocked, dataset, index, location, stack)
+                LoopBlocked(self._worker_id, False, warn, held, dataset, index, location, stack)
             )
 
 

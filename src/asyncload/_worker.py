@@ -27,7 +27,7 @@ import numpy as np
 import torch
 import torch.utils.data
 
-from . import _sharding, _shm, _stats, _storage, _watchdog
+from . import _guards, _sharding, _shm, _stats, _storage, _watchdog
 from ._engine import Engine, WorkerConfig
 from ._protocol import (
     POLL_INTERVAL,
@@ -142,8 +142,13 @@ def _reader(
             return
 
 
-def worker_main(cfg: WorkerConfig, index_queue: Any, result_queue: Any, done_event: Any) -> None:
+def worker_main(sent: Any, index_queue: Any, result_queue: Any, done_event: Any) -> None:
     """Entry point of a worker process (module level so every start method can pickle it)."""
+    # asyncload-guard hook: *sent* is a _guards.Shipped WorkerConfig; a failure to unpickle it
+    # is reported to the main process.
+    cfg: WorkerConfig | None = _guards.received(sent, result_queue)
+    if cfg is None:
+        return
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _watchdog.watch_parent(cfg.main_pid)  # asyncload-guard hook: exits even if the loop is stuck
     torch.set_num_threads(1)
