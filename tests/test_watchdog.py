@@ -71,8 +71,9 @@ def test_the_threshold_is_configurable_and_zero_turns_the_check_off(
 @pytest.mark.parametrize("num_workers", [0, 1])
 def test_batch_timeout_names_the_sample_that_holds_the_loop(num_workers: int) -> None:
     # Batch 0 waits on index 0 (an await); index 6, two batches later, blocks the loop meanwhile.
-    dataset = Blocking(12, slow=(6,), delay=4.0, lag=0)
-    loader = asyncload.DataLoader(dataset, batch_size=2, num_workers=num_workers, timeout=1.5)
+    # A timeout long enough for a worker to start on a busy machine, shorter than the block.
+    dataset = Blocking(12, slow=(6,), delay=7.0, lag=0)
+    loader = asyncload.DataLoader(dataset, batch_size=2, num_workers=num_workers, timeout=4.0)
     with pytest.warns(asyncload.BlockedLoopWarning), pytest.raises(asyncload.BatchTimeout) as info:
         next(iter(loader))
     text = str(info.value)
@@ -80,7 +81,7 @@ def test_batch_timeout_names_the_sample_that_holds_the_loop(num_workers: int) ->
     assert _blocking_line() in text
     assert text.index("sample 6") < text.index("batch 0")  # the cause first, then the victim
     if num_workers == 0:
-        time.sleep(3)  # let the loop thread finish its sleep before the leak check
+        time.sleep(3.5)  # let the loop thread finish its sleep before the leak check
 
 
 def test_a_stuck_loop_is_reported_again_without_timeout(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 import multiprocessing.process
 import os
@@ -145,6 +146,15 @@ def _unguarded_names(body: list[ast.stmt]) -> set[str]:
 
 
 def _parse(path: str) -> ast.Module | None:
+    try:
+        return _parse_version(path, os.stat(path).st_mtime_ns)
+    except OSError:
+        return None
+
+
+@functools.lru_cache(maxsize=4)
+def _parse_version(path: str, mtime_ns: int) -> ast.Module | None:
+    # Each pass starts workers anew (without persistent_workers): parse the script once.
     try:
         with open(path, "rb") as f:
             return ast.parse(f.read(), filename=path)
