@@ -22,12 +22,13 @@ LAYERS: dict[str, int] = {
     "_stats": 0,  # counters the storage layer notes into, and LoaderStats
     "_metrics": 0,
     # 1: values and rules with no I/O
-    "_dataset": 1,
     "_sharding": 1,
     "_resume": 1,
     "_spec": 1,
     "_datapipes": 1,
     "_context": 1,
+    "_guards": 1,  # start-up mistakes, checked in the main process
+    "_watchdog": 1,  # blocked loops, parent death, forgotten awaits
     "_shm": 1,
     "_shm_mirror": 1,
     # 2: storage
@@ -37,12 +38,17 @@ LAYERS: dict[str, int] = {
     "_hedge": 2,
     "_cache": 2,
     "_cache_dir": 2,
-    # 3: datasets over storage; the wire messages
+    "_sync": 2,  # async storage from sync code, on a private loop
+    # 3: datasets over storage (Dataset.__getitems__ reads under a plain torch DataLoader,
+    # through _plain and _sync); the wire messages
+    "_dataset": 3,
+    "_plain": 3,
     "datasets": 3,
     "_protocol": 3,
     # 4: what runs inside a worker, and how batches cross to the main process
     "_queues": 4,
     "_engine": 4,
+    "_shipping": 4,
     # 5: where engines run
     "_pin_memory": 5,
     "_worker": 5,
@@ -59,6 +65,7 @@ LAYERS: dict[str, int] = {
     "_console": 8,
     "_demo": 8,
     "_demo_server": 8,
+    "_serve": 8,
 }
 
 # Narrower rules inside the table (design.md §5): the engine fetches and collates only; the
