@@ -22,15 +22,17 @@ LAYERS: dict[str, int] = {
     "_stats": 0,  # counters the storage layer notes into, and LoaderStats
     "_metrics": 0,
     # 1: values and rules with no I/O
-    "_dataset": 1,
     "_sharding": 1,
     "_resume": 1,
     "_spec": 1,
     "_lookahead": 1,
     "_datapipes": 1,
     "_context": 1,
+    "_dataset": 1,
     "_sync": 1,  # coroutines from sync code; knows nothing of what runs on its loop
     "_plain": 1,  # asyncload datasets under torch's own DataLoader
+    "_guards": 1,  # start-up mistakes, checked in the main process
+    "_watchdog": 1,  # blocked loops, parent death, forgotten awaits
     "_shm": 1,
     "_shm_mirror": 1,
     # 2: storage
@@ -46,6 +48,7 @@ LAYERS: dict[str, int] = {
     # 4: what runs inside a worker, and how batches cross to the main process
     "_queues": 4,
     "_engine": 4,
+    "_shipping": 4,
     # 5: where engines run
     "_pin_memory": 5,
     "_worker": 5,

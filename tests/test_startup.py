@@ -19,43 +19,13 @@ import asyncload
 
 SRC = str(Path(asyncload.__file__).resolve().parent.parent)
 
-_SCRIPT = """
-import json, multiprocessing, sys, time
-from multiprocessing import forkserver
-import psutil
-import asyncload
-from asyncload._context import resolve_context
-
-how = sys.argv[1]
-server = forkserver._forkserver
-out = {}
-if how == "loader":
-    loader = asyncload.DataLoader(list(range(8)), num_workers=2)
-    deadline = time.monotonic() + 30
-    while server._forkserver_pid is None and time.monotonic() < deadline:
-        time.sleep(0.01)
-    out["started"] = server._forkserver_pid is not None
-    del loader
-    kids = psutil.Process().children(recursive=True)
-    out["others"] = [
-        " ".join(p.cmdline()) for p in kids
-        if "forkserver" not in " ".join(p.cmdline())
-        and "resource_tracker" not in " ".join(p.cmdline())
-    ]
-else:
-    requested = "forkserver" if how == "string" else multiprocessing.get_context("forkserver")
-    resolve_context(requested)
-out["preload"] = list(server._preload_modules)
-print(json.dumps(out))
-"""
+SCRIPT = Path(__file__).resolve().parent / "_scripts" / "startup.py"
 
 
 def _run(tmp_path: Path, how: str) -> dict[str, object]:
-    script = tmp_path / "startup_script.py"
-    script.write_text(_SCRIPT)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run(
-        [sys.executable, str(script), how],
+        [sys.executable, str(SCRIPT), how],
         capture_output=True,
         text=True,
         timeout=90,

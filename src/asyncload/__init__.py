@@ -23,6 +23,7 @@ from ._dataset import Dataset, IterableDataset
 from ._exceptions import (
     ArchiveError,
     BatchTimeout,
+    BlockedLoopWarning,
     ConnectError,
     IncompleteRead,
     InvalidURL,
@@ -64,6 +65,7 @@ __all__ = [
     "ArchiveError",
     "AsyncloadWarning",
     "BatchTimeout",
+    "BlockedLoopWarning",
     "CacheWarning",
     "ConnectError",
     "DataLoader",

@@ -20,32 +20,64 @@ once. ``multiprocessing_context="fork"`` asks for fork explicitly.
 from __future__ import annotations
 
 import multiprocessing
-import multiprocessing.context
+import os
 import pickle
 import sys
 import threading
 import warnings
+from multiprocessing.context import BaseContext
+from types import FrameType
 from typing import Any
 
-from ._exceptions import NotPicklable
+from . import _guards
+from ._exceptions import AsyncloadWarning, NotPicklable
 
-__all__ = ["AsyncloadWarning", "diagnose_pickling", "resolve_context", "start_early"]
+__all__ = [
+    "AsyncloadWarning",
+    "diagnose_pickling",
+    "resolve_context",
+    "start_early",
+    "user_stacklevel",
+]
 
 
-class AsyncloadWarning(UserWarning):
-    """Something works, but not the way it was asked for (e.g. a start-method fallback)."""
-
-
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 _warned_interactive = False
 
 
+def user_stacklevel() -> int:
+    """The ``stacklevel`` that points a warning raised by our caller at the user's line.
+
+    Counts the frames up to the first one outside the asyncload package (works before
+    Python 3.12's ``skip_file_prefixes``).
+    """
+    level = 1
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+        frame = frame.f_back
+        level += 1
+    return level
+
+
 def _interactive() -> bool:
-    main = sys.modules.get("__main__")
-    return main is None or not getattr(main, "__file__", None)
+    """No file a worker could re-import ``__main__`` from: a notebook, the REPL, ``-c``, stdin."""
+    return _guards.main_file() is None
 
 
-def resolve_context(requested: Any) -> multiprocessing.context.BaseContext:
-    """Return the multiprocessing context workers are started with."""
+def resolve_context(requested: Any, objects: dict[str, Any] | None = None) -> BaseContext:
+    """Return the multiprocessing context workers are started with.
+
+    *objects* (dataset, collate_fn, worker_init_fn) are checked against the start method: an
+    unguarded script, or functions only defined under ``if __name__ == "__main__":``, fail here
+    with the reason rather than in the worker (see :mod:`._guards`).
+    """
+    _guards.refuse_during_bootstrap()
+    ctx = _choose(requested, objects or {})
+    _guards.check_main_module(ctx.get_start_method(), objects or {})
+    return ctx
+
+
+def _choose(requested: Any, objects: dict[str, Any]) -> BaseContext:
     global _warned_interactive
     if requested is not None:
         ctx = _named(requested)
@@ -56,17 +88,28 @@ def resolve_context(requested: Any) -> multiprocessing.context.BaseContext:
     if "forkserver" not in methods:
         return multiprocessing.get_context("spawn")
     if _interactive() and "fork" in methods:
-        if not _warned_interactive:
-            _warned_interactive = True
-            warnings.warn(
-                "asyncload: __main__ has no file (notebook or REPL), so workers are started "
-                "with 'fork' instead of 'forkserver'. Avoid using obstore or CUDA in this "
-                "process before the loader starts, or move the dataset to a module and pass "
-                "multiprocessing_context='forkserver'.",
-                AsyncloadWarning,
-                stacklevel=4,
-            )
-        return multiprocessing.get_context("fork")
+        unsafe = _guards.fork_unsafe_reason()
+        if unsafe is None:
+            if not _warned_interactive:
+                _warned_interactive = True
+                warnings.warn(
+                    "asyncload: __main__ has no file (notebook, REPL or stdin), so workers are "
+                    "started with 'fork' instead of 'forkserver'. Avoid using obstore or CUDA "
+                    "in this process before the loader starts, or move the dataset to a module "
+                    "and pass multiprocessing_context='forkserver'.",
+                    AsyncloadWarning,
+                    stacklevel=user_stacklevel(),
+                )
+            return multiprocessing.get_context("fork")
+        # Forking now would hang the workers: forkserver works if nothing the workers need
+        # lives in __main__ (which they can't import).
+        _guards.refuse_main_objects(objects, unsafe)
+        warnings.warn(
+            f"asyncload: {unsafe}, so forking workers could hang them; starting them with "
+            "'forkserver' instead (the dataset and functions come from importable modules).",
+            AsyncloadWarning,
+            stacklevel=user_stacklevel(),
+        )
     ctx = multiprocessing.get_context("forkserver")
     _preload(ctx)
     return ctx
@@ -122,14 +165,18 @@ def start_early(requested: Any) -> bool:
     return True
 
 
-def _preload(ctx: multiprocessing.context.BaseContext) -> None:
+def _preload(ctx: BaseContext) -> None:
     from multiprocessing import forkserver
 
     server = forkserver._forkserver
     if getattr(server, "_forkserver_pid", 0) is None:  # not started: preload still takes effect
         modules = list(getattr(server, "_preload_modules", ["__main__"]))
+        if _interactive() and "__main__" in modules:
+            # A notebook, -c or stdin has no file to run again in the server.
+            modules.remove("__main__")
         if "asyncload._worker" not in modules:
-            ctx.set_forkserver_preload([*modules, "asyncload._worker"])
+            modules.append("asyncload._worker")
+        ctx.set_forkserver_preload(modules)
 
 
 def _describe(obj: Any) -> str:

@@ -23,6 +23,8 @@ from typing import Any, Generic, TypeVar
 
 import torch.utils.data
 
+from ._watchdog import checked_fetch  # asyncload-guard hook
+
 __all__ = ["Dataset", "IterableDataset", "aiter_for", "batch_fetcher_for", "fetcher_for"]
 
 T_co = TypeVar("T_co", covariant=True)
@@ -90,15 +92,23 @@ class IterableDataset(torch.utils.data.IterableDataset[T_co], Generic[T_co]):
 def fetcher_for(dataset: Any) -> Callable[[Any], Awaitable[Any]]:
     """Return ``async fetch(index)`` for a map-style dataset of either kind.
 
+    A sample that is itself a coroutine (``await`` forgotten) is refused with a clear error.
+    """
+    return checked_fetch(_fetcher_for(dataset), dataset)
+
+
+def _fetcher_for(dataset: Any) -> Callable[[Any], Awaitable[Any]]:
+    """``async fetch(index)`` without the check; see :func:`fetcher_for`.
+
     A synchronous ``__getitem__`` runs in the running loop's default executor, which the worker
     sets to its thread pool. torch's ``Subset`` and ``ConcatDataset`` are looked through, so
     that the async datasets inside them are awaited on the loop rather than from a thread.
     """
     if _plain(dataset, torch.utils.data.Subset):
-        inner, indices = fetcher_for(dataset.dataset), dataset.indices
+        inner, indices = _fetcher_for(dataset.dataset), dataset.indices
         return lambda index: inner(indices[index])
     if _plain(dataset, torch.utils.data.ConcatDataset):
-        parts = [fetcher_for(d) for d in dataset.datasets]
+        parts = [_fetcher_for(d) for d in dataset.datasets]
         ends = dataset.cumulative_sizes
 
         def concat_fetch(index: Any) -> Awaitable[Any]:

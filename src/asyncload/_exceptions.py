@@ -21,16 +21,26 @@ Each subclass also inherits the built-in exception a caller already expects, so
     ├── NotPicklable                    + TypeError           dataset/collate_fn can't be sent
     └── ArchiveError                    + ValueError          unsafe or corrupt tar shard
 
+Warnings (``warnings.warn`` categories)::
+
+    UserWarning
+    └── AsyncloadWarning                something works, not the way it was asked for
+        └── BlockedLoopWarning          a blocking call inside async code held a worker's loop
+
 Messages never contain credentials: every URL passes through ``redact_url``.
 """
 
 from __future__ import annotations
 
+import sys
+
 from ._redact import redact_url
 
 __all__ = [
     "ArchiveError",
+    "AsyncloadWarning",
     "BatchTimeout",
+    "BlockedLoopWarning",
     "ConnectError",
     "IncompleteRead",
     "InvalidURL",
@@ -45,6 +55,7 @@ __all__ = [
     "StorageError",
     "Timeout",
     "WorkerError",
+    "add_note",
 ]
 
 
@@ -189,3 +200,31 @@ class NotPicklable(LoadError, TypeError):
 
 class ArchiveError(LoadError, ValueError):
     """A tar shard is corrupt or holds an unsafe member (absolute path, ``..``, link, device)."""
+
+
+class AsyncloadWarning(UserWarning):
+    """Something works, but not the way it was asked for (e.g. a start-method fallback)."""
+
+
+class BlockedLoopWarning(AsyncloadWarning):
+    """A blocking call inside ``async def`` held a worker's event loop longer than a threshold.
+
+    Every other request of that worker waits meanwhile. Raised once per worker (and again when
+    a loop stays blocked for 10 s), naming the dataset, the sample index and the blocking line.
+    Await an async client instead, or move the blocking code off the loop with
+    ``await asyncio.to_thread(...)``. ``ASYNCLOAD_SLOW_CALLBACK`` sets the threshold in seconds
+    (default 0.1; ``0`` turns the check off).
+
+    Example:
+        >>> import warnings, asyncload
+        >>> warnings.simplefilter("error", asyncload.BlockedLoopWarning)  # make it fatal
+    """
+
+
+def add_note(exc: BaseException, note: str) -> None:
+    """``exc.add_note(note)``, also on Python 3.10 (where it is kept but not displayed)."""
+    if sys.version_info >= (3, 11):
+        exc.add_note(note)
+    else:  # pragma: no cover - Python 3.10
+        notes = getattr(exc, "__notes__", None) or []
+        exc.__notes__ = [*notes, note]  # type: ignore[attr-defined]

@@ -41,6 +41,7 @@ from ._protocol import (
 from ._resume import Progress, ResumePoint, capture_rng, restore_rng
 from ._spec import PassSpec, length_warning, spec_length
 from ._stats import Tally
+from ._watchdog import StallBoard
 from ._workers import Workers
 
 __all__ = ["Pass", "PassSpec", "State"]
@@ -97,6 +98,7 @@ class Pass:
         self._len_reported = len_reported
         self._num_workers = max(1, spec.num_workers)
         self._generation = 0
+        self._stalls = StallBoard()  # workers' blocked event loops (see _watchdog)
         # torch draws an IterDataPipe's shared seed first, then the workers' base seed. A
         # checkpoint records the RNG state after both, where every pass's sampler starts
         # (persistent workers draw no new base seed), so a restore replays the sampler.
@@ -367,12 +369,19 @@ class Pass:
             if deadline is not None:
                 wait = min(wait, max(deadline - time.monotonic(), 0.0))
             msg = workers.get(wait)
+            if self._stalls.take(msg):  # a blocked loop, warned about
+                continue
             if msg is not None:
                 return msg
             if deadline is not None and time.monotonic() >= deadline:
+                # Name the sample that holds a worker's loop, not a batch that waits behind it.
+                stalled = self._stalls.describe()
+                waiting = (
+                    f": {stalled}. The training loop waited for " if stalled else " waiting for "
+                )
                 # The number as given ("after 1 seconds"), as torch's message has it.
                 raise BatchTimeout(
-                    f"DataLoader timed out after {timeout} seconds waiting for "
+                    f"DataLoader timed out after {timeout} seconds{waiting}"
                     f"{self._describe_waiting()}. Raise timeout=, or look at loader.stats() "
                     "for slow requests and retries."
                 )

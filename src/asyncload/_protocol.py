@@ -56,11 +56,11 @@ liveness (main side), so neither side can hang on the other's death.
 from __future__ import annotations
 
 import pickle
-import sys
 import traceback
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
+from ._exceptions import add_note
 from ._stats import RecorderSnapshot
 
 __all__ = [
@@ -213,12 +213,3 @@ class RemoteError:
 
     def reraise(self) -> NoReturn:
         raise self.exception()
-
-
-def add_note(exc: BaseException, note: str) -> None:
-    """``exc.add_note(note)``, also on Python 3.10 (where it is kept but not displayed)."""
-    if sys.version_info >= (3, 11):
-        exc.add_note(note)
-    else:  # pragma: no cover - Python 3.10
-        notes = getattr(exc, "__notes__", None) or []
-        exc.__notes__ = [*notes, note]  # type: ignore[attr-defined]

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 import torch.utils.data
 
-from . import _metrics, _sharding, _shm, _storage
+from . import _metrics, _sharding, _shipping, _shm, _storage, _watchdog
 from ._engine import Engine, WorkerConfig
 from ._protocol import (
     POLL_INTERVAL,
@@ -38,6 +38,7 @@ from ._protocol import (
     Shutdown,
 )
 from ._queues import INLINE_MAX, pack
+from ._watchdog import parent_alive as _parent_alive
 
 __all__ = ["ThreadWorker", "WorkerConfig", "new_event_loop", "worker_main"]
 
@@ -104,24 +105,6 @@ def _tune_malloc() -> None:
     mallopt(m_trim_threshold, _MALLOC_TRIM_THRESHOLD)
 
 
-def _parent_alive(main_pid: int, ppid: int) -> bool:
-    # Under forkserver our parent is the server, which outlives the main process while any
-    # worker lives; so check the main process itself, and count a zombie (dead, not yet reaped
-    # by its own parent) as dead.
-    if os.getppid() != ppid:
-        return False
-    try:
-        os.kill(main_pid, 0)
-    except (ProcessLookupError, PermissionError):
-        return False
-    try:
-        with open(f"/proc/{main_pid}/stat", "rb") as f:
-            state = f.read().rsplit(b")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return True  # no procfs (macOS): the kill() probe above is all we have
-    return state not in (b"Z", b"X")
-
-
 def _reader(
     index_queue: Any,
     loop: asyncio.AbstractEventLoop,
@@ -162,9 +145,15 @@ def _reader(
             return
 
 
-def worker_main(cfg: WorkerConfig, index_queue: Any, result_queue: Any, done_event: Any) -> None:
+def worker_main(sent: Any, index_queue: Any, result_queue: Any, done_event: Any) -> None:
     """Entry point of a worker process (module level so every start method can pickle it)."""
+    # asyncload-guard hook: *sent* is a _shipping.Shipped WorkerConfig; a failure to unpickle it
+    # is reported to the main process.
+    cfg: WorkerConfig | None = _shipping.received(sent, result_queue)
+    if cfg is None:
+        return
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _watchdog.watch_parent(cfg.main_pid)  # asyncload-guard hook: exits even if the loop is stuck
     torch.set_num_threads(1)
     if sys.platform == "linux":
         _tune_malloc()
@@ -240,12 +229,15 @@ def run_engine(
     pool = _ContextPool(max_workers=min(32, cfg.max_concurrency), thread_name_prefix=thread_prefix)
     loop.set_default_executor(pool)
     asyncio.set_event_loop(loop)
+    monitor = _watchdog.start_monitor(loop, put, cfg.worker_id)  # asyncload-guard hook
     try:
         engine = loop.run_until_complete(_make_engine(cfg, put, where, recorder))
         inbox: asyncio.Queue[object] = asyncio.Queue()
         started(loop, inbox)
         loop.run_until_complete(engine.run(inbox))
     finally:
+        if monitor is not None:  # asyncload-guard hook
+            monitor.stop()
         try:
             loop.run_until_complete(_storage.aclose())
         finally:

@@ -88,16 +88,18 @@ def start_workers(
     from .._context import resolve_context
     from ._processes import ProcessWorkers
 
+    sent_objects = {
+        "dataset": spec.dataset,
+        "collate_fn": spec.collate_fn,
+        "worker_init_fn": spec.worker_init_fn,
+    }
     return ProcessWorkers(
         configs,
-        context=resolve_context(spec.multiprocessing_context),
+        # The objects let the start method be checked against __main__ (see _guards).
+        context=resolve_context(spec.multiprocessing_context, sent_objects),
         pin_device=spec.pin_device,
         # Per worker, a batch in flight or kept by the loop holds a block or two; beyond
         # that, torch's path (NOTE [ Reused shared memory ]).
         shm_blocks=4 * spec.outstanding_per_worker + 8,
-        sent_objects={
-            "dataset": spec.dataset,
-            "collate_fn": spec.collate_fn,
-            "worker_init_fn": spec.worker_init_fn,
-        },
+        sent_objects=sent_objects,
     )

@@ -23,6 +23,7 @@ from .._exceptions import WorkerError
 from .._pin_memory import PinMemoryThread
 from .._protocol import POLL_INTERVAL, Failure, Shutdown
 from .._queues import unpack
+from .._shipping import Shipped
 from .._stats import RecorderSnapshot
 from .._worker import worker_main
 
@@ -106,7 +107,13 @@ class ProcessWorkers:
         index_queue.cancel_join_thread()
         proc = context.Process(
             target=worker_main,
-            args=(cfg, index_queue, self._result_queue, self._done_event),
+            # A worker that can't unpickle its config says so (see _shipping).
+            args=(
+                Shipped(cfg, context.get_start_method()),
+                index_queue,
+                self._result_queue,
+                self._done_event,
+            ),
             name=f"asyncload-worker-{cfg.worker_id}",
             daemon=True,
         )
