@@ -22,7 +22,7 @@ from typing import Any, Generic, TypeVar
 import torch
 import torch.utils.data
 
-from . import _sharding, _stats
+from . import _fingerprint, _sharding, _stats
 from ._pass import Pass, State
 from ._pin_memory import accelerator_device
 from ._resume import Progress, ResumePoint, capture_rng
@@ -101,6 +101,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
         # the loader advances its epoch every pass, so shuffle=True reshuffles as torch's
         # RandomSampler would.
         self._auto_epoch: int | None = None
+        self._auto_sharded = False  # the sampler is our own DistributedSampler
         if (
             auto_shard
             and world > 1
@@ -109,6 +110,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
             and batch_sampler is None
         ):
             self._auto_epoch = 0
+            self._auto_sharded = True
             sampler = _sharding.rank_sampler(
                 dataset,
                 rank=rank,
@@ -222,6 +224,11 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
             >>> for batch in loader:  # the rest of the interrupted epoch  # doctest: +SKIP
             ...     ...
         """
+        state = self._state_dict()
+        state["fingerprint"] = _fingerprint.fingerprint(self, auto_sharded=self._auto_sharded)
+        return state
+
+    def _state_dict(self) -> dict[str, Any]:
         it = self._live_pass() if self._live_pass is not None else None
         if it is None:
             if self._resume is not None:
@@ -243,7 +250,16 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
 
         Build the loader with the same dataset, sampler arguments and generator seed; for an
         iterable dataset also the same ``num_workers``.
+
+        Raises:
+            ValueError: The checkpoint was saved from a loader with another ``batch_size``,
+                ``drop_last``, dataset length, sampler (kind, length, shuffle) or seed; the
+                message names each difference with both values.
         """
+        _fingerprint.check(
+            state.get("fingerprint") if isinstance(state, dict) else None,
+            _fingerprint.fingerprint(self, auto_sharded=self._auto_sharded),
+        )
         point = ResumePoint.from_dict(
             state,
             iterable=isinstance(self.dataset, torch.utils.data.IterableDataset),
