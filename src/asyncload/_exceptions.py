@@ -19,7 +19,8 @@ Each subclass also inherits the built-in exception a caller already expects, so
     │   └── BatchTimeout                + RuntimeError        DataLoader(timeout=...) exceeded
     ├── WorkerError                     + RuntimeError        a worker died or could not start
     ├── NotPicklable                    + TypeError           dataset/collate_fn can't be sent
-    └── ArchiveError                    + ValueError          unsafe or corrupt tar shard
+    ├── ArchiveError                    + ValueError          unsafe or corrupt tar shard
+    └── SampleErrorBudgetExceeded       + RuntimeError        more samples skipped than allowed
 
 Messages never contain credentials: every URL passes through ``redact_url``.
 """
@@ -41,6 +42,7 @@ __all__ = [
     "PermissionDenied",
     "RedirectError",
     "RequestTimeout",
+    "SampleErrorBudgetExceeded",
     "ServerError",
     "StorageError",
     "Timeout",
@@ -189,3 +191,15 @@ class NotPicklable(LoadError, TypeError):
 
 class ArchiveError(LoadError, ValueError):
     """A tar shard is corrupt or holds an unsafe member (absolute path, ``..``, link, device)."""
+
+
+class SampleErrorBudgetExceeded(LoadError, RuntimeError):
+    """More samples failed than ``DataLoader(max_sample_errors=...)`` allows.
+
+    The message lists the first failures (index, URL where the error names one, cause).
+
+    Examples:
+        >>> loader = asyncload.DataLoader(
+        ...     ds, sample_errors="skip", max_sample_errors=10
+        ... )  # doctest: +SKIP
+    """

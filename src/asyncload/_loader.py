@@ -17,12 +17,12 @@ import time
 import warnings
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterable
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 import torch
 import torch.utils.data
 
-from . import _fingerprint, _sharding, _stats
+from . import _budget, _fingerprint, _sharding, _stats
 from ._pass import Pass, State
 from ._pin_memory import accelerator_device
 from ._resume import Progress, ResumePoint, capture_rng
@@ -52,6 +52,18 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
             default ``True``; torch's DataLoader never does this). The partition is logged once;
             a share padded with repeated samples warns. ``False`` reads the whole dataset on
             this rank, as torch does (e.g. a rank-0-only evaluation loader).
+        sample_errors: What a sample whose fetch or decode fails does (keyword-only):
+            ``"raise"`` (default, torch's behaviour) fails its batch; ``"skip"`` leaves it out
+            of its batch, which is then smaller (never refilled; a batch whose every sample
+            failed is not yielded at all), and counts it in ``stats().skipped``; ``"warn"``
+            does the same and emits one ``AsyncloadWarning`` per skipped sample. The same
+            words as ``TarShards(handler=...)``. A dataset with ``__getitems__`` fails as a
+            whole batch, so all its samples are skipped. Resume stays exact: a skipped sample
+            is not fetched again after ``load_state_dict``.
+        max_sample_errors: With ``"skip"``/``"warn"``, how many samples a pass may skip
+            before it fails with ``SampleErrorBudgetExceeded`` listing the first failures:
+            an int (a count), a float in (0, 1) (a fraction of the samples seen so far in
+            the pass; at least one is always tolerated), or ``None`` (no limit, default).
 
     Examples:
         >>> import asyncload
@@ -90,7 +102,10 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
         in_order: bool = True,
         max_concurrency: int = 64,
         auto_shard: bool = True,
+        sample_errors: Literal["raise", "skip", "warn"] = "raise",
+        max_sample_errors: int | float | None = None,
     ) -> None:
+        self._sample_errors = _budget.policy(sample_errors, max_sample_errors)
         if not isinstance(max_concurrency, int) or max_concurrency < 1:
             raise ValueError(f"max_concurrency must be a positive integer, got {max_concurrency!r}")
         extra = {"in_order": in_order} if _HAS_IN_ORDER else {}
@@ -184,6 +199,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
             pin_device=pin_device,
             generator=self.generator,
             multiprocessing_context=self.multiprocessing_context,
+            sample_errors=self._sample_errors,
         )
 
     def _get_iterator(self) -> Pass:  # type: ignore[override]

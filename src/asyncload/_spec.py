@@ -8,6 +8,10 @@ from typing import Any
 
 import torch
 
+from ._budget import SampleErrorPolicy
+
+_RAISE = SampleErrorPolicy()  # today's behaviour: a failing sample fails its batch
+
 __all__ = ["PassSpec", "length_warning", "spec_length"]
 
 
@@ -32,6 +36,7 @@ class PassSpec:
     pin_device: str | None
     generator: torch.Generator | None
     multiprocessing_context: Any = None
+    sample_errors: SampleErrorPolicy = _RAISE
 
 
 def spec_length(spec: PassSpec) -> int:

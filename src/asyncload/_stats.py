@@ -11,7 +11,7 @@ from __future__ import annotations
 import collections
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ._metrics import (
     _NUM_BUCKETS,
@@ -72,6 +72,8 @@ class LoaderStats:
     """Errors that reached the caller, by exception type."""
     wait_s: float
     """Seconds the training loop spent waiting for data, worker start-up included."""
+    skipped: dict[str, int] = field(default_factory=dict)
+    """Samples left out of their batch by ``sample_errors='skip'/'warn'``, by exception type."""
 
 
 def _percentile(hist: list[int], q: float) -> float:
@@ -94,6 +96,7 @@ def merge(
     batches: int,
     wait_s: float,
     ended: float | None = None,
+    skipped: dict[str, int] | None = None,
 ) -> LoaderStats:
     """Combine per-worker snapshots into one ``LoaderStats``.
 
@@ -124,6 +127,7 @@ def merge(
         retries=dict(retries),
         errors=dict(errors),
         wait_s=wait_s,
+        skipped=dict(skipped or {}),
     )
 
 
@@ -134,7 +138,7 @@ class Tally:
     worker's newest snapshot, as it rode in on a reply, is kept in ``workers``.
     """
 
-    __slots__ = ("batches", "ended", "live", "started", "wait_s", "workers")
+    __slots__ = ("batches", "ended", "live", "skipped", "started", "wait_s", "workers")
 
     def __init__(self, num_workers: int, live: Callable[[], RecorderSnapshot] | None) -> None:
         self.started = time.monotonic()
@@ -143,6 +147,7 @@ class Tally:
         self.wait_s = 0.0
         self.live = live
         self.workers: list[RecorderSnapshot | None] = [None] * num_workers
+        self.skipped: collections.Counter[str] = collections.Counter()
 
     def stats(self) -> LoaderStats:
         if self.live is not None:
@@ -150,5 +155,10 @@ class Tally:
         else:
             snaps = [s for s in self.workers if s is not None]
         return merge(
-            snaps, started=self.started, batches=self.batches, wait_s=self.wait_s, ended=self.ended
+            snaps,
+            started=self.started,
+            batches=self.batches,
+            wait_s=self.wait_s,
+            ended=self.ended,
+            skipped=dict(self.skipped),
         )
