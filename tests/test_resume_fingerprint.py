@@ -57,7 +57,7 @@ def _checkpoint(loader: asyncload.DataLoader[Any], k: int) -> tuple[list[int], d
         ),
         (
             {"sampler": torch.utils.data.SequentialSampler(range(40)), "shuffle": None},
-            "sampler: checkpoint 'RandomSampler', this loader 'SequentialSampler'",
+            "sampler: checkpoint \"the loader's own\", this loader 'SequentialSampler'",
         ),
     ],
 )

@@ -40,8 +40,9 @@ def _seed(obj: Any) -> int | None:
 def fingerprint(loader: Any, *, auto_sharded: bool) -> dict[str, Any]:
     """The facts a resume of *loader*'s pass depends on (plain values, for ``torch.save``).
 
-    ``auto_sharded``: the sampler is the loader's own ``DistributedSampler``, whose length and
-    rank depend on the world size, which may change (an elastic resume).
+    ``auto_sharded``: the sampler is the loader's own (``auto_shard``; a ``DistributedSampler``
+    when ``WORLD_SIZE > 1``), whose kind and length depend on the world size, which may change
+    (an elastic resume, ``_elastic.py``).
     """
     dataset = loader.dataset
     iterable = isinstance(dataset, torch.utils.data.IterableDataset)
@@ -59,7 +60,9 @@ def fingerprint(loader: Any, *, auto_sharded: bool) -> dict[str, Any]:
         facts["dataset seed"] = _seed(dataset)
         return facts
     sampler = loader.sampler
-    facts["sampler"] = type(sampler).__qualname__
+    # The loader's own sampler is a DistributedSampler under torchrun and torch's default
+    # with one rank: the same data, dealt by world size, which may change.
+    facts["sampler"] = "the loader's own" if auto_sharded else type(sampler).__qualname__
     facts["shuffle"] = isinstance(sampler, torch.utils.data.RandomSampler) or bool(
         getattr(sampler, "shuffle", False)
     )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import inspect
 import math
 import time
@@ -22,7 +23,7 @@ from typing import Any, Generic, Literal, TypeVar
 import torch
 import torch.utils.data
 
-from . import _budget, _fingerprint, _sharding, _stats
+from . import _budget, _elastic, _fingerprint, _sharding, _stats
 from ._pass import Pass, State
 from ._pin_memory import accelerator_device
 from ._resume import Progress, ResumePoint, capture_rng
@@ -116,7 +117,14 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
         # the loader advances its epoch every pass, so shuffle=True reshuffles as torch's
         # RandomSampler would.
         self._auto_epoch: int | None = None
-        self._auto_sharded = False  # the sampler is our own DistributedSampler
+        # The sampler is the loader's own (DistributedSampler under torchrun, else torch's
+        # default): a checkpoint may then resume with another world size (_elastic.py).
+        self._elastic_ok = (
+            auto_shard and not is_iterable and sampler is None and batch_sampler is None
+        )
+        self._rank, self._world = rank, world
+        self._deal: _elastic.Remainder | None = None  # the next pass's re-deal (one-shot)
+        self._pass_deal: _elastic.Remainder | None = None  # the current pass's
         if (
             auto_shard
             and world > 1
@@ -125,7 +133,6 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
             and batch_sampler is None
         ):
             self._auto_epoch = 0
-            self._auto_sharded = True
             sampler = _sharding.rank_sampler(
                 dataset,
                 rank=rank,
@@ -204,7 +211,17 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
 
     def _get_iterator(self) -> Pass:  # type: ignore[override]
         resume, self._resume = self._resume, None  # used up by the pass it starts
-        it = Pass(self._spec(), resume=resume, len_reported=self._IterableDataset_len_called)
+        spec = self._spec()
+        self._pass_deal, self._deal = self._deal, None
+        if self._pass_deal is not None:  # an elastic resume: this pass reads the re-deal
+            deal = self._pass_deal
+            index_sampler: Any = deal
+            if self._auto_collation:
+                index_sampler = torch.utils.data.BatchSampler(
+                    deal, self.batch_size or 1, self.drop_last
+                )
+            spec = dataclasses.replace(spec, index_sampler=index_sampler, persistent=False)
+        it = Pass(spec, resume=resume, len_reported=self._IterableDataset_len_called)
         self._tally = it.tally
         self._live_pass = weakref.ref(it)
         return it
@@ -241,7 +258,12 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
             ...     ...
         """
         state = self._state_dict()
-        state["fingerprint"] = _fingerprint.fingerprint(self, auto_sharded=self._auto_sharded)
+        if self._elastic_ok:
+            live = self._live_pass is not None and self._live_pass() is not None
+            pos = _elastic.position(self, state, self._pass_deal if live else self._deal)
+            if pos is not None:
+                state["position"] = pos.to_dict()
+        state["fingerprint"] = _fingerprint.fingerprint(self, auto_sharded=self._elastic_ok)
         return state
 
     def _state_dict(self) -> dict[str, Any]:
@@ -274,7 +296,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
         """
         _fingerprint.check(
             state.get("fingerprint") if isinstance(state, dict) else None,
-            _fingerprint.fingerprint(self, auto_sharded=self._auto_sharded),
+            _fingerprint.fingerprint(self, auto_sharded=self._elastic_ok),
         )
         point = ResumePoint.from_dict(
             state,
@@ -285,6 +307,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
             self._auto_epoch = point.epoch  # the next pass is that epoch again, then onwards
         elif point.epoch is not None:
             self.set_epoch(point.epoch)
+        point, self._deal = _elastic.plan(self, state, point)
         if self._persistent_pass is not None:  # its workers are mid-pass: start afresh
             self._persistent_pass.close()
             self._persistent_pass = None
@@ -298,8 +321,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
             self._auto_epoch += 1
         else:
             self._epoch_of_pass = self._epoch
-        if not (self.persistent_workers and self.num_workers > 0):
-            return self._get_iterator()
+        if not (self.persistent_workers and self.num_workers > 0) or self._deal is not None:
+            return self._get_iterator()  # a re-dealt pass is never kept for the next epoch
         persistent = self._persistent_pass
         # A pass that ended in an error closed its workers: start new ones.
         if persistent is None or persistent.state is State.CLOSED:
