@@ -25,6 +25,9 @@ LAYERS: dict[str, int] = {
     "_dataset": 1,
     "_sharding": 1,
     "_resume": 1,
+    "_budget": 1,  # the per-sample error budget
+    "_fingerprint": 1,  # what a checkpoint depends on
+    "_elastic": 1,  # resume across world sizes
     "_spec": 1,
     "_datapipes": 1,
     "_context": 1,
