@@ -24,6 +24,9 @@ LAYERS: dict[str, int] = {
     # 1: values and rules with no I/O
     "_sharding": 1,
     "_resume": 1,
+    "_budget": 1,  # the per-sample error budget
+    "_fingerprint": 1,  # what a checkpoint depends on
+    "_elastic": 1,  # resume across world sizes
     "_spec": 1,
     "_lookahead": 1,
     "_datapipes": 1,

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from . import _datapipes, _metrics
+from ._budget import SkippedSample
 from ._dataset import aiter_for, batch_fetcher_for, fetcher_for
 from ._protocol import (
     Exhausted,
@@ -68,18 +69,21 @@ class WorkerConfig:
     """At most this many blocks in the pool."""
     shared_seed: int | None = None
     """An ``IterDataPipe``'s shuffle seed, the same in every worker (torch's shared seed)."""
+    skip_sample_errors: bool = False
+    """Leave a failing sample out of its batch instead of failing the batch (``_budget``)."""
 
 
 class _Batch:
     """A map-style batch being fetched: samples land in their slot as they complete."""
 
-    __slots__ = ("failed", "remaining", "samples", "task")
+    __slots__ = ("failed", "remaining", "samples", "skipped", "task")
 
     def __init__(self, task: IndexTask, n: int) -> None:
         self.task = task
         self.samples: list[Any] = [None] * n
         self.remaining = n
         self.failed = False
+        self.skipped: list[SkippedSample] = []  # left out (sample_errors='skip'/'warn')
 
 
 class Engine:
@@ -223,15 +227,34 @@ class Engine:
             )
         )
 
-    def _deliver(self, send_idx: int, samples: Any) -> None:
+    def _deliver(
+        self, send_idx: int, samples: Any, skipped: list[SkippedSample] | None = None
+    ) -> None:
+        count = -1  # samples in this batch, counted towards a fractional error budget
+        if self.cfg.skip_sample_errors:  # an empty batch is not collated, only reported
+            count = len(samples) if self.cfg.auto_collation else int(not skipped)
         try:
-            data = self.cfg.collate_fn(samples)
+            data = self.cfg.collate_fn(samples) if count != 0 else None
         except Exception as exc:
             self._fail(send_idx, exc)
             return
         # Idle after this batch (e.g. the epoch's last): send final counts, else throttle.
-        stats = self._stats(force=self.recorder.in_flight == 0)
-        self._put(Result(send_idx, self._generation, self.cfg.worker_id, data, stats))
+        stats = self._stats(force=self.recorder.in_flight == 0 or bool(skipped))
+        self._put(
+            Result(
+                send_idx,
+                self._generation,
+                self.cfg.worker_id,
+                data,
+                stats,
+                tuple(skipped or ()),
+                count,
+            )
+        )
+
+    def _skip_sample(self, exc: Exception, index: Any) -> SkippedSample:
+        # Counted by the main process (LoaderStats.skipped), not as an error that reached it.
+        return SkippedSample.capture(exc, index)
 
     # ── map-style ──────────────────────────────────────────────────────────────────────────
 
@@ -293,7 +316,13 @@ class Engine:
                     f"__getitems__ returned {len(samples)} samples for {len(indices)} indices"
                 )
         except (Exception, asyncio.CancelledError) as exc:
-            self._fail(batch.task.send_idx, self._as_failure(exc), indices)
+            error = self._as_failure(exc)
+            if self.cfg.skip_sample_errors:  # which sample failed is unknown: all of them
+                self._deliver(
+                    batch.task.send_idx, [], [self._skip_sample(error, i) for i in indices]
+                )
+            else:
+                self._fail(batch.task.send_idx, error, indices)
             return
         finally:
             self._sem.release()
@@ -310,20 +339,33 @@ class Engine:
             sample = await self._fetch(index)
         except (Exception, asyncio.CancelledError) as exc:
             error = self._as_failure(exc)
-            if not batch.failed:
+            if self.cfg.skip_sample_errors:
+                batch.skipped.append(self._skip_sample(error, index))
+                batch.samples[pos] = _LEFT_OUT
+                sample = _LEFT_OUT
+            elif not batch.failed:
                 batch.failed = True
                 self._fail(batch.task.send_idx, error, index)
-            return
+                return
+            else:
+                return
         finally:
             self._sem.release()
             self.recorder.in_flight -= 1
-        self.recorder.note_sample(time.perf_counter() - t0)
+        if sample is not _LEFT_OUT:
+            self.recorder.note_sample(time.perf_counter() - t0)
         if batch.failed:
             return
         batch.samples[pos] = sample
         batch.remaining -= 1
         if batch.remaining == 0:
-            self._deliver(batch.task.send_idx, batch.samples if self.cfg.auto_collation else sample)
+            if batch.skipped:
+                kept = [x for x in batch.samples if x is not _LEFT_OUT]
+                self._deliver(batch.task.send_idx, kept, batch.skipped)
+            else:
+                self._deliver(
+                    batch.task.send_idx, batch.samples if self.cfg.auto_collation else sample
+                )
 
     # ── iterable-style ─────────────────────────────────────────────────────────────────────
 
@@ -344,6 +386,7 @@ class Engine:
         pump = asyncio.get_running_loop().create_task(self._pump(it, ahead, end))
         want = self.cfg.batch_size if self.cfg.auto_collation else 1
         exhausted = False
+        position = skip  # of the next item in this worker's stream (names skipped samples)
         try:
             while True:
                 req = await self._iter_requests.get()
@@ -351,8 +394,11 @@ class Engine:
                     self._put(Exhausted(req.send_idx, self._generation, self.cfg.worker_id))
                     continue
                 samples: list[Any] = []
+                # Left-out samples still count towards the batch, so every batch takes the
+                # same number of items from the stream and a resume skips exactly that many.
+                skipped: list[SkippedSample] = []
                 try:
-                    while len(samples) < (want or 1):
+                    while len(samples) + len(skipped) < (want or 1):
                         item = await ahead.get()
                         if item is end:
                             exhausted = True
@@ -360,14 +406,25 @@ class Engine:
                         if isinstance(item, _Raised):  # the dataset's iterator raised
                             exhausted = True
                             raise item.exc
+                        position += 1
                         if isinstance(item, asyncio.Future):
-                            item = await item
+                            try:
+                                item = await item
+                            except Exception as exc:
+                                if not self.cfg.skip_sample_errors:
+                                    raise
+                                skipped.append(self._skip_sample(exc, position - 1))
+                                continue
                         samples.append(item)
                 except Exception as exc:
                     self._fail(req.send_idx, exc)
                     continue
-                if not samples or (exhausted and self.cfg.drop_last and len(samples) < (want or 1)):
+                taken = len(samples) + len(skipped)
+                if not taken or (exhausted and self.cfg.drop_last and taken < (want or 1)):
                     self._put(Exhausted(req.send_idx, self._generation, self.cfg.worker_id))
+                    continue
+                if skipped:
+                    self._deliver(req.send_idx, samples, skipped)
                     continue
                 self._deliver(req.send_idx, samples if self.cfg.auto_collation else samples[0])
         finally:
@@ -417,6 +474,9 @@ async def _skipping(dataset: Any, skip: int) -> AsyncIterator[Any]:
                 item.close()
             continue
         yield item
+
+
+_LEFT_OUT: Any = object()  # a batch slot whose sample failed and was skipped
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,8 @@ Each subclass also inherits the built-in exception a caller already expects, so
     │   └── BatchTimeout                + RuntimeError        DataLoader(timeout=...) exceeded
     ├── WorkerError                     + RuntimeError        a worker died or could not start
     ├── NotPicklable                    + TypeError           dataset/collate_fn can't be sent
-    └── ArchiveError                    + ValueError          unsafe or corrupt tar shard
+    ├── ArchiveError                    + ValueError          unsafe or corrupt tar shard
+    └── SampleErrorBudgetExceeded       + RuntimeError        more samples skipped than allowed
 
 Warnings (``warnings.warn`` categories)::
 
@@ -51,6 +52,7 @@ __all__ = [
     "PermissionDenied",
     "RedirectError",
     "RequestTimeout",
+    "SampleErrorBudgetExceeded",
     "ServerError",
     "StorageError",
     "Timeout",
@@ -228,3 +230,15 @@ def add_note(exc: BaseException, note: str) -> None:
     else:  # pragma: no cover - Python 3.10
         notes = getattr(exc, "__notes__", None) or []
         exc.__notes__ = [*notes, note]  # type: ignore[attr-defined]
+
+
+class SampleErrorBudgetExceeded(LoadError, RuntimeError):
+    """More samples failed than ``DataLoader(max_sample_errors=...)`` allows.
+
+    The message lists the first failures (index, URL where the error names one, cause).
+
+    Examples:
+        >>> loader = asyncload.DataLoader(
+        ...     ds, sample_errors="skip", max_sample_errors=10
+        ... )  # doctest: +SKIP
+    """

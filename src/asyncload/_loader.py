@@ -11,18 +11,19 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import inspect
 import math
 import time
 import warnings
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterable
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 import torch
 import torch.utils.data
 
-from . import _sharding, _stats
+from . import _budget, _elastic, _fingerprint, _sharding, _stats
 from ._context import start_early
 from ._lookahead import DEFAULT_PREFETCH_BYTES
 from ._pass import Pass, State
@@ -64,6 +65,18 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
             default ``True``; torch's DataLoader never does this). The partition is logged once;
             a share padded with repeated samples warns. ``False`` reads the whole dataset on
             this rank, as torch does (e.g. a rank-0-only evaluation loader).
+        sample_errors: What a sample whose fetch or decode fails does (keyword-only):
+            ``"raise"`` (default, torch's behaviour) fails its batch; ``"skip"`` leaves it out
+            of its batch, which is then smaller (never refilled; a batch whose every sample
+            failed is not yielded at all), and counts it in ``stats().skipped``; ``"warn"``
+            does the same and emits one ``AsyncloadWarning`` per skipped sample. The same
+            words as ``TarShards(handler=...)``. A dataset with ``__getitems__`` fails as a
+            whole batch, so all its samples are skipped. Resume stays exact: a skipped sample
+            is not fetched again after ``load_state_dict``.
+        max_sample_errors: With ``"skip"``/``"warn"``, how many samples a pass may skip
+            before it fails with ``SampleErrorBudgetExceeded`` listing the first failures:
+            an int (a count), a float in (0, 1) (a fraction of the samples seen so far in
+            the pass; at least one is always tolerated), or ``None`` (no limit, default).
 
     Examples:
         >>> import asyncload
@@ -103,7 +116,10 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
         max_concurrency: int = 128,
         prefetch_bytes: int = DEFAULT_PREFETCH_BYTES,
         auto_shard: bool = True,
+        sample_errors: Literal["raise", "skip", "warn"] = "raise",
+        max_sample_errors: int | float | None = None,
     ) -> None:
+        self._sample_errors = _budget.policy(sample_errors, max_sample_errors)
         if not isinstance(max_concurrency, int) or max_concurrency < 1:
             raise ValueError(f"max_concurrency must be a positive integer, got {max_concurrency!r}")
         if not isinstance(prefetch_bytes, int) or prefetch_bytes < 0:
@@ -118,6 +134,14 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
         # the loader advances its epoch every pass, so shuffle=True reshuffles as torch's
         # RandomSampler would.
         self._auto_epoch: int | None = None
+        # The sampler is the loader's own (DistributedSampler under torchrun, else torch's
+        # default): a checkpoint may then resume with another world size (_elastic.py).
+        self._elastic_ok = (
+            auto_shard and not is_iterable and sampler is None and batch_sampler is None
+        )
+        self._rank, self._world = rank, world
+        self._deal: _elastic.Remainder | None = None  # the next pass's re-deal (one-shot)
+        self._pass_deal: _elastic.Remainder | None = None  # the current pass's
         if (
             auto_shard
             and world > 1
@@ -204,11 +228,22 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
             generator=self.generator,
             multiprocessing_context=self.multiprocessing_context,
             prefetch_bytes=self.prefetch_bytes,
+            sample_errors=self._sample_errors,
         )
 
     def _get_iterator(self) -> Pass:  # type: ignore[override]
         resume, self._resume = self._resume, None  # used up by the pass it starts
-        it = Pass(self._spec(), resume=resume, len_reported=self._IterableDataset_len_called)
+        spec = self._spec()
+        self._pass_deal, self._deal = self._deal, None
+        if self._pass_deal is not None:  # an elastic resume: this pass reads the re-deal
+            deal = self._pass_deal
+            index_sampler: Any = deal
+            if self._auto_collation:
+                index_sampler = torch.utils.data.BatchSampler(
+                    deal, self.batch_size or 1, self.drop_last
+                )
+            spec = dataclasses.replace(spec, index_sampler=index_sampler, persistent=False)
+        it = Pass(spec, resume=resume, len_reported=self._IterableDataset_len_called)
         self._tally = it.tally
         self._live_pass = weakref.ref(it)
         return it
@@ -244,6 +279,16 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
             >>> for batch in loader:  # the rest of the interrupted epoch  # doctest: +SKIP
             ...     ...
         """
+        state = self._state_dict()
+        if self._elastic_ok:
+            live = self._live_pass is not None and self._live_pass() is not None
+            pos = _elastic.position(self, state, self._pass_deal if live else self._deal)
+            if pos is not None:
+                state["position"] = pos.to_dict()
+        state["fingerprint"] = _fingerprint.fingerprint(self, auto_sharded=self._elastic_ok)
+        return state
+
+    def _state_dict(self) -> dict[str, Any]:
         it = self._live_pass() if self._live_pass is not None else None
         if it is None:
             if self._resume is not None:
@@ -265,7 +310,16 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
 
         Build the loader with the same dataset, sampler arguments and generator seed; for an
         iterable dataset also the same ``num_workers``.
+
+        Raises:
+            ValueError: The checkpoint was saved from a loader with another ``batch_size``,
+                ``drop_last``, dataset length, sampler (kind, length, shuffle) or seed; the
+                message names each difference with both values.
         """
+        _fingerprint.check(
+            state.get("fingerprint") if isinstance(state, dict) else None,
+            _fingerprint.fingerprint(self, auto_sharded=self._elastic_ok),
+        )
         point = ResumePoint.from_dict(
             state,
             iterable=isinstance(self.dataset, torch.utils.data.IterableDataset),
@@ -275,6 +329,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
             self._auto_epoch = point.epoch  # the next pass is that epoch again, then onwards
         elif point.epoch is not None:
             self.set_epoch(point.epoch)
+        point, self._deal = _elastic.plan(self, state, point)
         if self._persistent_pass is not None:  # its workers are mid-pass: start afresh
             self._persistent_pass.close()
             self._persistent_pass = None
@@ -288,8 +343,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
             self._auto_epoch += 1
         else:
             self._epoch_of_pass = self._epoch
-        if not (self.persistent_workers and self.num_workers > 0):
-            return self._get_iterator()
+        if not (self.persistent_workers and self.num_workers > 0) or self._deal is not None:
+            return self._get_iterator()  # a re-dealt pass is never kept for the next epoch
         persistent = self._persistent_pass
         # A pass that ended in an error closed its workers: start new ones.
         if persistent is None or persistent.state is State.CLOSED:

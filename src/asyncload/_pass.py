@@ -26,6 +26,7 @@ import torch
 import torch.utils.data
 
 from . import _workers
+from ._budget import Budget
 from ._exceptions import BatchTimeout
 from ._lookahead import LookAhead, batch_nbytes
 from ._protocol import (
@@ -184,6 +185,8 @@ class Pass:
             self._send_idx = self._rcvd_idx = self._progress.watermark
         self._cycle = itertools.islice(itertools.cycle(range(self._num_workers)), start, None)
         self._sampler_done = False
+        self._budget = Budget(spec.sample_errors)
+        self.tally.skipped = self._budget.skipped
         self._refill()
         # The training loop waits through start-up too (workers, first requests).
         self.tally.wait_s = time.monotonic() - self.tally.started
@@ -299,7 +302,8 @@ class Pass:
                     self._rcvd_idx += 1
                     if reply is not _SKIP:
                         self._refill()
-                        return self._unwrap(reply)
+                        if self._count_skipped(reply):
+                            return self._unwrap(reply)
             if not self._pending:
                 self._refill()
                 if not self._pending:
@@ -332,7 +336,19 @@ class Pass:
                         self._refill()  # fetch on behind the late head, within the bound
             elif reply is not _SKIP:
                 self._refill()
-                return self._unwrap(reply)
+                if self._count_skipped(reply):
+                    return self._unwrap(reply)
+
+    def _count_skipped(self, msg: Result | Failure) -> bool:
+        """Charge the samples *msg* left out to the error budget (may raise); ``False`` when
+        every sample was left out: nothing to yield, but the batch is consumed."""
+        if not isinstance(msg, Result) or msg.sample_count < 0:
+            return True
+        self._budget.add(msg.sample_count, msg.skipped)
+        if msg.sample_count == 0:
+            self._unwrap(msg)  # progress: this batch is done
+            return False
+        return True
 
     def _unwrap(self, msg: Result | Failure) -> Any:
         # A failed batch counts as consumed: the training loop saw its error.

@@ -125,6 +125,10 @@ class Result:
     worker_id: int
     data: Any
     stats: RecorderSnapshot | None = None
+    skipped: tuple[Any, ...] = ()
+    """``_budget.SkippedSample``s left out of this batch (``sample_errors='skip'/'warn'``)."""
+    sample_count: int = -1
+    """Samples in ``data`` when some may have been skipped (0: nothing to yield), else -1."""
 
 
 @dataclass(frozen=True, slots=True)

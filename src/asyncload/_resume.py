@@ -104,7 +104,9 @@ class ResumePoint:
         if iterable and state["num_workers"] != num_workers:
             raise ValueError(
                 f"this state_dict was saved with num_workers={state['num_workers']}; an "
-                "iterable dataset resumes per worker, so build the loader with the same "
+                "iterable dataset (TarShards, Mix or your own) resumes per worker, each "
+                "skipping the samples it had delivered, and cannot be re-dealt to another "
+                "number of workers, so build the loader with the same "
                 f"num_workers (got {num_workers})"
             )
         n = max(1, num_workers)

@@ -8,6 +8,10 @@ from typing import Any
 
 import torch
 
+from ._budget import SampleErrorPolicy
+
+_RAISE = SampleErrorPolicy()  # today's behaviour: a failing sample fails its batch
+
 __all__ = ["PassSpec", "length_warning", "spec_length"]
 
 
@@ -34,6 +38,8 @@ class PassSpec:
     multiprocessing_context: Any = None
     prefetch_bytes: int = 1 << 30
     """Bytes finished-but-undelivered batches may hold beyond the fixed window (``_lookahead``)."""
+
+    sample_errors: SampleErrorPolicy = _RAISE
 
 
 def spec_length(spec: PassSpec) -> int:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import collections
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ._metrics import (
@@ -94,6 +94,9 @@ class LoaderStats:
     realised proportions (``()`` without a ``Mix``). Counted as drawn, so samples fetched
     ahead of a loop that stopped early are included."""
 
+    skipped: dict[str, int] = field(default_factory=dict)
+    """Samples left out of their batch by ``sample_errors='skip'/'warn'``, by exception type."""
+
 
 def _percentile(hist: list[int], q: float) -> float:
     total = sum(hist)
@@ -116,6 +119,7 @@ def merge(
     wait_s: float,
     ended: float | None = None,
     head_wait_s: float = 0.0,
+    skipped: dict[str, int] | None = None,
 ) -> LoaderStats:
     """Combine per-worker snapshots into one ``LoaderStats``.
 
@@ -148,6 +152,7 @@ def merge(
         wait_s=wait_s,
         head_wait_s=head_wait_s,
         **_counted(snapshots),
+        skipped=dict(skipped or {}),
     )
 
 
@@ -180,7 +185,16 @@ class Tally:
     worker's newest snapshot, as it rode in on a reply, is kept in ``workers``.
     """
 
-    __slots__ = ("batches", "ended", "head_wait_s", "live", "started", "wait_s", "workers")
+    __slots__ = (
+        "batches",
+        "ended",
+        "head_wait_s",
+        "live",
+        "skipped",
+        "started",
+        "wait_s",
+        "workers",
+    )
 
     def __init__(self, num_workers: int, live: Callable[[], RecorderSnapshot] | None) -> None:
         self.started = time.monotonic()
@@ -190,6 +204,7 @@ class Tally:
         self.head_wait_s = 0.0
         self.live = live
         self.workers: list[RecorderSnapshot | None] = [None] * num_workers
+        self.skipped: collections.Counter[str] = collections.Counter()
 
     def stats(self) -> LoaderStats:
         if self.live is not None:
@@ -203,4 +218,5 @@ class Tally:
             wait_s=self.wait_s,
             ended=self.ended,
             head_wait_s=self.head_wait_s,
+            skipped=dict(self.skipped),
         )

@@ -78,6 +78,7 @@ def start_workers(
             main_pid=os.getpid(),
             skip=skip,
             shared_seed=shared_seed,
+            skip_sample_errors=spec.sample_errors.skips,
         )
         for i, skip in enumerate(skips)
     ]
