@@ -50,7 +50,9 @@ def test_map_style_resume_loses_and_repeats_nothing(
 
     torch.manual_seed(99)
     before, state = _take(make(), 9)
-    assert len(before) == 72
+    # 9 batches of 8; out of order, the last (short) batch of 4 may be among them, since the
+    # window per worker now spans ~17 batches (max_concurrency 128).
+    assert len(before) == 72 or (not in_order and len(before) == 68)
     torch.manual_seed(12345)  # the global RNG moved on, as it would in a new process
     restored = make()
     restored.load_state_dict(torch.load(_roundtrip(state), weights_only=False))
