@@ -23,6 +23,15 @@ pytestmark = [
     pytest.mark.skipif(not _shm.supported(), reason="no memfd_create on this platform"),
 ]
 
+
+@pytest.fixture(autouse=True)
+def _no_blocked_loop_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Four workers on two cores: the blocked-loop watchdog (tested in test_watchdog.py) can
+    # take a worker's wait for the GIL or a core for a blocked loop. These tests are about
+    # shared memory, so its warning (an error under filterwarnings) is switched off here.
+    monkeypatch.setenv("ASYNCLOAD_SLOW_CALLBACK", "0")
+
+
 ROWS = 128  # a sample is ROWS × 1 KiB: twice the inline limit, so it takes the block path
 
 
