@@ -25,19 +25,24 @@ ROWS = (
 )
 
 
+def _run_quick(script: str, *args: str, timeout: float) -> str:
+    """Run ``benchmarks/SCRIPT --quick ARGS`` to completion; return what it printed."""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / script), "--quick", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_bench_loader_quick_prints_every_row(tmp_path: Path) -> None:
     out_json = tmp_path / "out.json"
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--quick", "--json", str(out_json)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    text = proc.stdout
+    text = _run_quick(SCRIPT.name, "--json", str(out_json), timeout=60)
     for scenario in ("A (I/O-bound)", "B (overhead)"):
         assert scenario in text
     for row in ROWS:
@@ -64,15 +69,7 @@ def test_bench_loader_quick_prints_every_row(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_bench_tails_quick_prints_its_tables() -> None:
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "bench_tails.py"), "--quick"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=100,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    text = proc.stdout
+    text = _run_quick("bench_tails.py", timeout=100)
     for row in (
         "asyncload.read loop, hedged",
         "asyncload.read loop, no hedge",
@@ -88,15 +85,7 @@ def test_bench_tails_quick_prints_its_tables() -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_bench_cache_quick_prints_its_tables() -> None:
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "bench_cache.py"), "--quick"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=100,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    text = proc.stdout
+    text = _run_quick("bench_cache.py", timeout=100)
     for row in (
         "no cache",
         "cache, epoch 1",
