@@ -57,7 +57,7 @@ lock: $(STAMP)
 # their own, against the storage and loader tests (CI runs this after `make test`).
 LOWEST      := aiohttp obstore numpy uvloop aiofiles
 LOWEST_VENV := .venv-lowest
-lowest: $(STAMP)
+lowest: $(STAMP) $(AZURITE)
 	rm -rf $(LOWEST_VENV)
 	$(PYTHON) -m venv $(LOWEST_VENV)
 	$(BIN)/python .ci/lowest_pins.py $(LOWEST) > $(LOWEST_VENV)/lowest.txt
