@@ -14,18 +14,9 @@ import torch
 
 import asyncload
 
+from ._datasets import SyncNumbers
+
 pytestmark = pytest.mark.usefixtures("no_leaks")
-
-
-class _Range(torch.utils.data.Dataset[int]):
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, index: int) -> int:
-        return index
 
 
 def _loader(
@@ -33,7 +24,7 @@ def _loader(
 ) -> asyncload.DataLoader[Any]:
     monkeypatch.setenv("RANK", str(rank))
     monkeypatch.setenv("WORLD_SIZE", str(world))
-    return asyncload.DataLoader(_Range(n), batch_size=4, **kw)
+    return asyncload.DataLoader(SyncNumbers(n), batch_size=4, **kw)
 
 
 def _run_ranks(
@@ -125,6 +116,6 @@ def test_a_batch_size_change_across_world_sizes_is_refused(
     _, state = _run_ranks(monkeypatch, 2, 32, 1, None, shuffle=True)
     monkeypatch.setenv("WORLD_SIZE", "1")
     monkeypatch.setenv("RANK", "0")
-    other = asyncload.DataLoader(_Range(32), batch_size=8, shuffle=True)
+    other = asyncload.DataLoader(SyncNumbers(32), batch_size=8, shuffle=True)
     with pytest.raises(ValueError, match="batch_size: checkpoint 4, this loader 8"):
         other.load_state_dict(state)  # type: ignore[arg-type]

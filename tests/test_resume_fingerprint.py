@@ -11,18 +11,9 @@ import torch
 
 import asyncload
 
+from ._datasets import SyncNumbers
+
 pytestmark = pytest.mark.usefixtures("no_leaks")
-
-
-class _Range(torch.utils.data.Dataset[int]):
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, index: int) -> int:
-        return index
 
 
 def _loader(**kw: Any) -> asyncload.DataLoader[Any]:
@@ -33,7 +24,7 @@ def _loader(**kw: Any) -> asyncload.DataLoader[Any]:
         "generator": torch.Generator().manual_seed(1),
     }
     args.update(kw)
-    return asyncload.DataLoader(_Range(n), **args)
+    return asyncload.DataLoader(SyncNumbers(n), **args)
 
 
 def _checkpoint(loader: asyncload.DataLoader[Any], k: int) -> tuple[list[int], dict[str, Any]]:
