@@ -23,7 +23,7 @@ from typing import Any
 from . import _cache, _hedge, _stats, _sync
 from ._exceptions import InvalidURL, LoadError
 from ._retry import AttemptFailed, Retry, backoff, give_up, next_wait, retrying
-from .sources import _base
+from .sources import _base, _pacing
 from .sources._base import DEFAULT_OPTIONS, ObjectInfo, StorageOptions, backend_for
 
 __all__ = [
@@ -36,6 +36,7 @@ __all__ = [
     "configure_all",
     "export_config",
     "import_config",
+    "learn_connections",
     "list_files",
     "list_files_async",
     "pool_size",
@@ -57,6 +58,8 @@ class StorageConfig:
     """``(prefix, options)`` pairs, longest prefix first."""
     pool_size: int
     """Connection-pool size for lazily created clients."""
+    connections: tuple[tuple[str, int], ...] = ()
+    """Connections per ``host:port`` that hosts proved to take (``sources._pacing``)."""
 
 
 # Longest prefix first, so the first match is the most specific one.
@@ -171,7 +174,11 @@ def _clear_clients() -> None:
 
 def export_config() -> StorageConfig:
     """A picklable snapshot of this process's storage settings, for worker start-up."""
-    return StorageConfig(prefixes=tuple(_prefixes), pool_size=_base.pool_size())
+    return StorageConfig(
+        prefixes=tuple(_prefixes),
+        pool_size=_base.pool_size(),
+        connections=tuple(_pacing.learned().items()),
+    )
 
 
 def import_config(snapshot: object) -> None:
@@ -179,7 +186,14 @@ def import_config(snapshot: object) -> None:
     if not isinstance(snapshot, StorageConfig):
         raise TypeError(f"expected a StorageConfig from export_config(), got {type(snapshot)!r}")
     _base.set_pool_size(snapshot.pool_size)
+    _pacing.trust(snapshot.connections)
     _install(list(snapshot.prefixes))
+
+
+def learn_connections(counts: tuple[tuple[str, int], ...]) -> None:
+    """Take the connections hosts proved to a worker, from its stats counters, so the next
+    pass's workers start with them (see ``sources._pacing``)."""
+    _pacing.learn(counts)
 
 
 def set_pool_size(n: int) -> None:
@@ -196,6 +210,7 @@ def pool_size() -> int:
 def reset() -> None:
     """Forget every configured prefix and cached store (tests)."""
     _install([])
+    _pacing.forget()
     _hedge.reset()
     _cache.reset()
 

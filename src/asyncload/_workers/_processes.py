@@ -21,7 +21,7 @@ from .._context import diagnose_pickling
 from .._engine import WorkerConfig
 from .._exceptions import WorkerError
 from .._pin_memory import PinMemoryThread
-from .._protocol import POLL_INTERVAL, Failure, Shutdown
+from .._protocol import POLL_INTERVAL, Failure, Result, Shutdown
 from .._queues import unpack
 from .._shipping import Shipped
 from .._stats import RecorderSnapshot
@@ -149,6 +149,8 @@ class ProcessWorkers:
         if isinstance(msg, BaseException):  # the pin-memory thread could not unpack
             self._raise_if_a_worker_died(msg)
             raise msg
+        if isinstance(msg, Result | Failure) and msg.stats is not None:
+            _storage.learn_connections(msg.stats.counts)
         if isinstance(msg, Failure):
             return msg  # before the liveness check: a worker may exit right after it
         now = time.monotonic()

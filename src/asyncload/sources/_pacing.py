@@ -11,6 +11,14 @@ a connection only proves that the server took it when its first response arrives
 when the connection fails, or after ``grace`` seconds, so that a slow but healthy server (whose
 first response takes longer than ``grace``) still gets its pool filled quickly: ``burst``
 connections every ``grace`` seconds at the slowest.
+
+Slow start costs round trips: at 50 ms per request a pool of 128 takes ~5 of them to fill, and
+every pass of a loader starts new worker processes with empty pools. So a process remembers how
+many kept-alive connections each host has held at once (``learned``; a worker's count rides to
+the main process in its stats as ``connections:<host>:<port>``), the main process hands what its
+workers learned to the next pass's workers (``trust``, through the storage configuration), and
+a host that has proven it takes *n* connections starts with ``min(n, TRUSTED_BURST)`` of them in
+flight instead of ``burst``.
 """
 
 from __future__ import annotations
@@ -21,7 +29,9 @@ from typing import Any
 
 import aiohttp
 
-__all__ = ["PacedConnector"]
+from .._metrics import note_count
+
+__all__ = ["TRUSTED_BURST", "PacedConnector", "forget", "learn", "learned", "trust"]
 
 # New connections per host that may await their first response at once: fewer than the
 # smallest common listen backlog (5, socketserver's and http.server's default).
@@ -29,23 +39,73 @@ BURST = 4
 # Seconds after which a connection with no response gives its slot back anyway (a stalled
 # server must not hold up new connections for good); the first SYN retry comes at 1 s.
 GRACE = 1.0
+# New connections in flight at once for a host an earlier pass proved (see module doc): one
+# batch's worth of requests goes out at once, well under a server's usual backlog (128+).
+TRUSTED_BURST = 32
+# The stats counter a worker's proven connections per host ride in: "connections:host:port".
+COUNTER = "connections:"
+_MAX_HOSTS = 1024
+
+# host:port -> the most kept-alive connections it held at once for one process.
+_learned: dict[str, int] = {}
+
+
+def learned() -> dict[str, int]:
+    """Connections per ``host:port`` that hosts have proven to take (this process's knowledge)."""
+    return dict(_learned)
+
+
+def trust(hints: dict[str, int] | tuple[tuple[str, int], ...]) -> None:
+    """Start new connectors' hosts from *hints* (``learned()`` of another process)."""
+    for key, n in dict(hints).items():
+        _remember(key, n)
+
+
+def learn(counts: tuple[tuple[str, int], ...]) -> None:
+    """Take a worker's proven connections from its stats counters (``RecorderSnapshot.counts``)."""
+    for name, n in counts:
+        if name.startswith(COUNTER):
+            _remember(name[len(COUNTER) :], n)
+
+
+def forget() -> None:
+    """Forget every host's proven connections (tests)."""
+    _learned.clear()
+
+
+def _remember(key: str, n: int) -> None:
+    if n > _learned.get(key, 0):
+        if len(_learned) >= _MAX_HOSTS and key not in _learned:
+            _learned.clear()
+        _learned[key] = n
 
 
 class _Host:
-    __slots__ = ("pending", "proven", "unproven", "waiters")
+    __slots__ = ("key", "most", "pending", "proven", "trusted", "unproven", "waiters")
 
-    def __init__(self) -> None:
+    def __init__(self, key: str) -> None:
+        self.key = key
         self.pending = 0  # connects under way, not yet a protocol
         self.unproven: dict[Any, asyncio.TimerHandle] = {}
         self.proven: set[Any] = set()
+        self.most = 0  # the most proven connections held at once
+        self.trusted = min(_learned.get(key, 0), TRUSTED_BURST)
         self.waiters: collections.deque[asyncio.Future[None]] = collections.deque()
 
     def limit(self, burst: int) -> int:
-        # Slow start: every kept-alive connection the server has answered on earns one more
-        # new connection in flight, so a healthy pool doubles per round trip; a server that
+        # Slow start: every kept-alive connection the server has answered on earns two more
+        # new connections in flight, so a healthy pool triples per round trip; a server that
         # closes after each response (HTTP/1.0, http.server) stays at `burst`.
         self.proven = {p for p in self.proven if p.is_connected() and not p.should_close}
-        return burst + len(self.proven)
+        return max(burst + 2 * len(self.proven), self.trusted)
+
+    def proved(self, proto: Any) -> None:
+        self.proven.add(proto)
+        if len(self.proven) > self.most:
+            # Counted into the running engine's stats, so the main process learns it too.
+            note_count(COUNTER + self.key, len(self.proven) - self.most)
+            self.most = len(self.proven)
+            _remember(self.key, self.most)
 
     def wake(self, burst: int) -> None:
         room = self.limit(burst) - self.pending - len(self.unproven)
@@ -75,7 +135,7 @@ class PacedConnector(aiohttp.TCPConnector):
         key = (req.host, req.port)
         host = self._pace_hosts.get(key)
         if host is None:
-            host = self._pace_hosts[key] = _Host()
+            host = self._pace_hosts[key] = _Host(f"{req.host}:{req.port}")
         while host.waiters or host.pending + len(host.unproven) >= host.limit(self._pace_burst):
             waiter = asyncio.get_running_loop().create_future()
             host.waiters.append(waiter)
@@ -107,7 +167,7 @@ class PacedConnector(aiohttp.TCPConnector):
             return
         host.unproven.pop(proto).cancel()
         if answered:
-            host.proven.add(proto)
+            host.proved(proto)
         host.wake(self._pace_burst)
 
     def settle(self, response: aiohttp.ClientResponse) -> None:
