@@ -8,8 +8,8 @@ own process) at 50 ms per request. Rows:
 * the same objects as files on the local disk, read by a plain Python loop (the ceiling);
 * ``asyncload.DataLoader`` (2 workers, batch 32) over ``RemoteFiles`` with the cache, epoch 1
   and epoch 2 (steady samples/s: first batch to last; and whole epochs, start-up included);
-* the same loader over the local files (no store, no cache): what the loader itself moves,
-  the ceiling of its epoch 2.
+* the same loader over the local files (no store, no cache; asyncload's file backend): what
+  the loader moves when no store is involved.
 
 Before each warm epoch the entries are made to look a minute old, so every hit pays its LRU
 touch as in a real epoch 2 (entries used within the last 10 s are not touched again).
@@ -158,8 +158,8 @@ def main(argv: list[str] | None = None) -> int:
             rows["DataLoader, epoch 1"], rows["DataLoader, epoch 2"] = l1, l2
             rows["DataLoader, epoch 1, whole epoch"] = w1
             rows["DataLoader, epoch 2, whole epoch"] = w2
-            # The loader's own ceiling for 100 KB samples on this machine: the same loader
-            # over the local files (no store, no cache), its second epoch.
+            # What the loader moves without a store: the same loader over the local files
+            # (asyncload's file backend, no cache), its second epoch.
             _, (rows["DataLoader over the local files, epoch 2"], _) = _loader_epochs(paths)
     finally:
         _storage.reset()
@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     w1, w2 = rows["DataLoader, epoch 1, whole epoch"], rows["DataLoader, epoch 2, whole epoch"]
     print(f"| DataLoader: epoch 2 / epoch 1, whole epochs | {w2 / w1:.1f}x | |")
     ceiling = rows["DataLoader over the local files, epoch 2"]
-    print(f"| DataLoader epoch 2 / the same loader over local files | {l2 / ceiling:.2f} | |")
+    print(f"| DataLoader epoch 2 / the same loader over the local files | {l2 / ceiling:.2f} | |")
     print(f"| DataLoader epoch 2 / local files | {l2 / local:.2f} | |")
     print(f"\n(cache and files under {work}, removed; pid {os.getpid()})")
     return 0
