@@ -1,5 +1,5 @@
-"""Smoke tests: ``benchmarks/bench_loader.py``, ``bench_tails.py`` and ``bench_cache.py`` with
-``--quick`` run and print their whole tables.
+"""Smoke tests: ``benchmarks/bench_loader.py``, ``bench_tails.py``, ``bench_cache.py`` and
+``bench_wholerun.py`` with ``--quick`` run and print their whole tables.
 
 Only that it runs: speed depends on whatever else the machine is doing, so no numbers are
 checked here.
@@ -95,3 +95,14 @@ def test_bench_cache_quick_prints_its_tables() -> None:
     ):
         assert row in text, f"row {row!r} missing:\n{text}"
     assert "read loop: epoch 2 / epoch 1" in text
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_bench_wholerun_quick_prints_its_table() -> None:
+    text = _run_quick("bench_wholerun.py", "--samples", "64", timeout=100)
+    assert text.count("asyncload.DataLoader (built 2 s before iter())") == 2  # http and s3
+    assert text.count("raw loop, 256 in flight") == 2
+    assert "torch DataLoader + 32 threads" in text
+    assert "target: http loader / raw loop >= 0.8" in text
+    assert "target: s3 loader / raw loop >= 0.8" in text

@@ -25,6 +25,7 @@ __all__ = ["CacheDir", "Sink"]
 
 _MAGIC = b"ALC1"
 _HEAD = struct.Struct("<4sQH")  # magic, body size, ETag length (the ETag follows)
+_HEAD_READ = 256  # bytes read for the header: room for the usual ETag (a longer one: a 2nd read)
 _TOUCH_EVERY = 10.0  # seconds: an entry's mtime is refreshed at most this often
 _STALE_TMP = 3600.0  # a temporary file this old belongs to a process that died
 _LOW_WATER = 0.9  # eviction frees down to this fraction of the cap
@@ -61,6 +62,8 @@ class CacheDir:
         self.root = os.path.abspath(os.path.expanduser(root))
         self.max_bytes = max_bytes
         self._ready = False
+        # Every hit builds its entry's path: one concatenation, not os.path.join's checks.
+        self._objects = os.path.join(self.root, "objects", "")
 
     def setup(self) -> None:
         if not self._ready:
@@ -68,11 +71,8 @@ class CacheDir:
                 os.makedirs(os.path.join(self.root, sub), exist_ok=True)
             self._ready = True
 
-    def _path(self, key: str) -> str:
-        return os.path.join(self.root, "objects", key[:2], key)
-
     def path(self, key: str) -> str:
-        return os.path.join(self.root, "objects", key[:2], key)
+        return f"{self._objects}{key[:2]}/{key}"
 
     def open(self, key: str) -> tuple[int, int, int, str | None] | None:
         """(fd, body offset, body size, etag) of a complete entry, or ``None``."""
@@ -82,26 +82,54 @@ class CacheDir:
         except OSError:
             return None
         try:
-            st = os.fstat(fd)
-            head = os.pread(fd, 4096, 0)
-            magic, size, elen = _HEAD.unpack_from(head)
-            offset = _HEAD.size + elen
-            if magic != _MAGIC or st.st_size != offset + size:
-                raise ValueError("truncated or foreign entry")
-            if time.time() - st.st_mtime > _TOUCH_EVERY:
-                os.utime(fd)  # LRU: this entry was used now
-            etag = head[_HEAD.size : offset].decode() if elen else None
+            offset, size, etag = self._check(fd)
             return fd, offset, size, etag
         except (OSError, ValueError, struct.error):
             os.close(fd)
-            try:  # never returned; make room for a good copy
-                os.unlink(path)
-            except OSError:
-                pass
+            unlink(path)  # never returned; make room for a good copy
             return None
         except BaseException:
             os.close(fd)
             raise
+
+    def read(self, key: str, start: int | None, end: int | None, most: int) -> bytes | int | None:
+        """Bytes ``[start, end)`` of a complete entry in one call (open, check, read, close:
+        the hit path), ``None`` when there is none, or the byte count when it exceeds *most*."""
+        path = self.path(key)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            return None
+        try:
+            offset, size, _ = self._check(fd)
+            if start is None and end is None:  # the usual case: the whole object
+                first, n = 0, size
+            else:
+                first = min(start or 0, size)
+                n = max(0, (size if end is None else min(end, size)) - first)
+            if n > most:
+                return n
+            data = os.pread(fd, n, offset + first)
+            return data if len(data) == n else None
+        except (OSError, ValueError, struct.error):
+            unlink(path)
+            return None
+        finally:
+            os.close(fd)
+
+    def _check(self, fd: int) -> tuple[int, int, str | None]:
+        """(body offset, body size, etag) of the entry open as *fd*; raises if incomplete."""
+        st = os.fstat(fd)
+        head = os.pread(fd, _HEAD_READ, 0)
+        magic, size, elen = _HEAD.unpack_from(head)
+        offset = _HEAD.size + elen
+        if offset > len(head):  # a long ETag
+            head = os.pread(fd, offset, 0)
+        if magic != _MAGIC or st.st_size != offset + size or len(head) < offset:
+            raise ValueError("truncated or foreign entry")
+        if time.time() - st.st_mtime > _TOUCH_EVERY:
+            os.utime(fd)  # LRU: this entry was used now
+        return offset, size, (head[_HEAD.size : offset].decode() if elen else None)
 
     # -- writing an entry -------------------------------------------------------------------
     def store(self, key: str, data: bytes, etag: str | None) -> OSError | None:

@@ -1,0 +1,238 @@
+"""Whole runs, start-up included: asyncload vs the raw loop of the same client, HTTP and S3.
+
+One run, one table. 4,096 objects of 100 KB at 50 ms per request from the loopback object server
+(``_server.py``, its own process), which doubles as an S3-compatible path-style endpoint: bucket
+``obj``, keys ``{size}/{latency_ms}/{i}`` (obstore signs with SigV4; the server ignores it).
+Every row runs in a fresh interpreter, so start-up counts as a user pays it:
+
+* ``asyncload.DataLoader`` (``RemoteFiles``, 2 workers, batch 32, default ``max_concurrency``),
+  built 2 s before ``iter()`` (the time a user spends building the model): whole-run samples/s
+  from ``iter()`` to the last batch, the first batch's seconds and the steady rate after it;
+* the raw loop of the same client, 256 in flight in one process, timed from the client's
+  creation to the last object (its "first batch" is its first object): aiohttp for
+  ``http://``, ``obstore.get_async`` for ``s3://``;
+* torch's DataLoader with a 32-thread pool in ``__getitems__`` (``bench_loader.ThreadedBlobs``,
+  2 workers, batch 32; HTTP only), built 2 s before ``iter()`` like the loader.
+
+Target (issue 11): asyncload's whole run >= 0.8 of the raw loop over HTTP and over S3.
+
+    .venv/bin/python benchmarks/bench_wholerun.py           # about a minute
+    .venv/bin/python benchmarks/bench_wholerun.py --quick   # smoke run, 256 objects
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _server import ObjectServerProcess, object_bytes
+
+SIZE = 100_000
+LATENCY_MS = "50"
+IN_FLIGHT = 256
+BATCH = 32
+BUCKET = "obj"  # the server's path prefix: s3://obj/{size}/{ms}/{i} is GET /obj/{size}/{ms}/{i}
+CREDS = {"access_key_id": "bench", "secret_access_key": "bench"}
+BUILD_S = 2.0  # the loader exists this long before iter()
+
+
+def _urls(transport: str, base: str, n: int) -> list[str]:
+    root = f"s3://{BUCKET}" if transport == "s3" else f"{base}/{BUCKET}"
+    return [f"{root}/{SIZE}/{LATENCY_MS}/{i}" for i in range(n)]
+
+
+def _result(**fields: float) -> None:
+    print("RESULT " + json.dumps(fields), flush=True)
+
+
+def _child_loader(transport: str, base: str, n: int) -> None:
+    import asyncload
+
+    if transport == "s3":
+        asyncload.configure(f"s3://{BUCKET}", endpoint=base, region="us-east-1", credentials=CREDS)
+    loader = asyncload.DataLoader(
+        asyncload.RemoteFiles(_urls(transport, base, n)),
+        batch_size=BATCH,
+        num_workers=2,
+        collate_fn=list,
+    )
+    _timed_epoch(loader, n)
+
+
+def _child_torch_threads(transport: str, base: str, n: int) -> None:
+    import torch
+    from bench_loader import ThreadedBlobs
+
+    host, port = base.removeprefix("http://").split(":")
+    dataset = ThreadedBlobs(host, int(port), f"/{BUCKET}/{SIZE}/{LATENCY_MS}", n)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=BATCH, num_workers=2, collate_fn=list)
+    _timed_epoch(loader, n)
+
+
+def _timed_epoch(loader: Any, n: int) -> None:
+    """One epoch of a loader built BUILD_S before ``iter()``: prints whole-run and first batch."""
+    time.sleep(BUILD_S)  # the user builds the model
+    t0 = time.perf_counter()
+    first, seen, after_first = 0.0, 0, 0
+    for k, batch in enumerate(loader):
+        if k == 0:
+            first = time.perf_counter() - t0
+            after_first = len(batch)
+            if bytes(batch[0]) != bytes(object_bytes(0, SIZE)):
+                raise AssertionError("wrong bytes delivered")
+        seen += len(batch)
+    elapsed = time.perf_counter() - t0
+    if seen != n:
+        raise AssertionError(f"{seen} samples of {n}")
+    _result(rate=n / elapsed, first=first, steady=(n - after_first) / (elapsed - first))
+
+
+def _child_raw(transport: str, base: str, n: int) -> None:
+    try:
+        import uvloop
+
+        run: Callable[[Any], Any] = uvloop.run
+    except ImportError:  # pragma: no cover - uvloop missing
+        run = asyncio.run
+    loop = _raw_aiohttp if transport == "http" else _raw_obstore
+    run(loop(base, n))
+
+
+async def _drive(get: Callable[[int], Awaitable[int]], n: int, t0: float) -> None:
+    indices = iter(range(n))
+    first: list[float] = []
+
+    async def fetcher() -> None:
+        for i in indices:
+            if await get(i) != SIZE:
+                raise AssertionError(f"object {i}: wrong size")
+            if not first:
+                first.append(time.perf_counter() - t0)
+
+    await asyncio.gather(*(fetcher() for _ in range(IN_FLIGHT)))
+    elapsed = time.perf_counter() - t0
+    _result(rate=n / elapsed, first=first[0], steady=(n - 1) / (elapsed - first[0]))
+
+
+async def _raw_aiohttp(base: str, n: int) -> None:
+    import aiohttp
+
+    t0 = time.perf_counter()
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=IN_FLIGHT)) as session:
+        root = f"{base}/{BUCKET}/{SIZE}/{LATENCY_MS}"
+
+        async def get(i: int) -> int:
+            async with session.get(f"{root}/{i}") as resp:
+                resp.raise_for_status()
+                return len(await resp.read())
+
+        await _drive(get, n, t0)
+
+
+async def _raw_obstore(base: str, n: int) -> None:
+    import obstore
+    from obstore.store import S3Store
+
+    t0 = time.perf_counter()
+    store = S3Store(
+        BUCKET,
+        endpoint=base,
+        region="us-east-1",
+        client_options={"allow_http": True},
+        access_key_id=CREDS["access_key_id"],
+        secret_access_key=CREDS["secret_access_key"],
+    )
+
+    async def get(i: int) -> int:
+        result = await obstore.get_async(store, f"{SIZE}/{LATENCY_MS}/{i}")
+        return len(await result.bytes_async())
+
+    await _drive(get, n, t0)
+
+
+CHILDREN: dict[str, Callable[[str, str, int], None]] = {
+    "loader": _child_loader,
+    "raw": _child_raw,
+    "torch-threads": _child_torch_threads,
+}
+LABELS = {
+    "loader": "asyncload.DataLoader (built 2 s before iter())",
+    "raw": "raw loop, 256 in flight",
+    "torch-threads": "torch DataLoader + 32 threads (built 2 s before iter())",
+}
+
+
+def _spawn(row: str, transport: str, base: str, n: int) -> dict[str, float]:
+    # A script file, not ``-c``: the forkserver re-imports __main__ from it.
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", row, transport, base, str(n)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ),
+        check=False,
+    )
+    if out.returncode != 0:
+        raise SystemExit(f"{row} over {transport} failed:\n{out.stderr}")
+    line = next(ln for ln in out.stdout.splitlines() if ln.startswith("RESULT "))
+    result: dict[str, float] = json.loads(line.removeprefix("RESULT "))
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small smoke run")
+    parser.add_argument("--samples", type=int, default=None)
+    parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        row, transport, base, n = args.child
+        CHILDREN[row](transport, base, int(n))
+        return 0
+    n = args.samples or (256 if args.quick else 4096)
+    plan = [("http", "loader"), ("http", "raw"), ("http", "torch-threads")]
+    try:
+        import obstore  # noqa: F401
+    except ImportError:
+        print("s3:// rows skipped: obstore is not installed (the `s3` extra)")
+    else:
+        plan += [("s3", "loader"), ("s3", "raw")]
+    results: dict[tuple[str, str], dict[str, float]] = {}
+    with ObjectServerProcess() as server:
+        for transport, row in plan:
+            results[transport, row] = _spawn(row, transport, server.base_url, n)
+    print(
+        f"\nWhole run, {n} x {SIZE // 1000} KB at {LATENCY_MS} ms, fresh interpreter per row "
+        f"(loaders: 2 workers, batch {BATCH}, default max_concurrency)\n"
+    )
+    print(
+        "| transport | row | whole run samples/s | first batch s | steady samples/s "
+        "| whole / raw loop's |"
+    )
+    print("|---|---|---|---|---|---|")
+    for (transport, row), res in results.items():
+        raw = results[transport, "raw"]["rate"]
+        print(
+            f"| {transport} | {LABELS[row]} | {res['rate']:,.0f} | {res['first']:.3f} "
+            f"| {res['steady']:,.0f} | {res['rate'] / raw:.2f} |"
+        )
+    print()
+    for transport in dict.fromkeys(t for t, _ in plan):
+        ratio = results[transport, "loader"]["rate"] / results[transport, "raw"]["rate"]
+        verdict = "met" if ratio >= 0.8 else "MISSED"
+        print(f"target: {transport} loader / raw loop >= 0.8: {ratio:.2f} {verdict}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,59 @@
+"""The cache directory's hit path (``CacheDir.read``): checks, LRU touches, long ETags."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from asyncload._cache_dir import CacheDir
+
+
+def make(tmp_path: Path, max_bytes: int | None = None) -> CacheDir:
+    d = CacheDir(str(tmp_path / "c"), max_bytes)
+    d.setup()
+    return d
+
+
+def test_read_returns_the_body_a_range_or_the_size_when_too_large(tmp_path: Path) -> None:
+    d = make(tmp_path)
+    data = bytes(range(256)) * 40
+    assert d.store("k" * 64, data, None) is None
+    assert d.read("k" * 64, None, None, 1 << 20) == data
+    assert d.read("k" * 64, 10, 30, 1 << 20) == data[10:30]
+    assert d.read("k" * 64, 10_000, None, 1 << 20) == data[10_000:]
+    assert d.read("k" * 64, None, None, 100) == len(data)  # the caller reads it in a thread
+    assert d.read("j" * 64, None, None, 1 << 20) is None
+
+
+def test_a_long_etag_is_read_whole(tmp_path: Path) -> None:
+    d = make(tmp_path)
+    etag = '"' + "e" * 1500 + '"'
+    assert d.store("k" * 64, b"body", etag) is None
+    assert d.read("k" * 64, None, None, 1 << 20) == b"body"
+    entry = d.open("k" * 64)
+    assert entry is not None
+    os.close(entry[0])
+    assert entry[2:] == (4, etag)
+
+
+def test_a_truncated_entry_is_never_returned_and_is_removed(tmp_path: Path) -> None:
+    d = make(tmp_path)
+    assert d.store("k" * 64, b"x" * 5000, None) is None
+    path = d.path("k" * 64)
+    os.truncate(path, 3000)
+    assert d.read("k" * 64, None, None, 1 << 20) is None
+    assert not os.path.exists(path)
+
+
+def test_a_hit_marks_the_entry_used_so_eviction_keeps_it(tmp_path: Path) -> None:
+    d = make(tmp_path, max_bytes=35_000)  # room for three 10 KB entries
+    old = time.time() - 3600
+    for k in "abc":
+        assert d.store(k * 64, k.encode() * 10_000, None) is None
+        os.utime(d.path(k * 64), (old, old + ord(k)))  # a, then b, then c: all long unused
+    assert d.read("a" * 64, None, None, 1 << 20) == b"a" * 10_000  # a is used now
+    assert d.store("d" * 64, b"d" * 10_000, None) is None  # evicts the least recently used
+    left = {k for k in "abcd" if os.path.exists(d.path(k * 64))}
+    assert {"a", "d"} <= left
+    assert "b" not in left
