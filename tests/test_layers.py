@@ -41,6 +41,7 @@ LAYERS: dict[str, int] = {
     # 2: storage
     "sources": 2,
     "_storage": 2,
+    "_storage_config": 2,  # per-prefix options; _storage re-exports it
     "_retry": 2,
     "_hedge": 2,
     "_cache": 2,
@@ -74,8 +75,17 @@ LAYERS: dict[str, int] = {
 # Narrower rules inside the table (design.md §5): the engine fetches and collates only; the
 # pass talks to workers through their protocol and never sees the loader.
 FORBIDDEN: dict[str, tuple[str, ...]] = {
-    "_engine": ("sources", "_storage", "_retry", "_queues", "_shm", "_workers", "_worker"),
-    "_pass": ("_loader", "_shm", "_queues", "_worker", "_context", "_storage"),
+    "_engine": (
+        "sources",
+        "_storage",
+        "_storage_config",
+        "_retry",
+        "_queues",
+        "_shm",
+        "_workers",
+        "_worker",
+    ),
+    "_pass": ("_loader", "_shm", "_queues", "_worker", "_context", "_storage", "_storage_config"),
     "_workers": ("_pass", "_loader"),
     "_protocol": ("_shm", "_queues"),
 }
