@@ -59,6 +59,7 @@ LAYERS: dict[str, int] = {
     "_workers": 5,
     # 6: one pass over the data
     "_pass": 6,
+    "_dispatch": 6,  # the pass's traffic with its workers: dispatch, reorder, timeout
     # 7: the loader
     "_loader": 7,
     # 8: the facade and the tools on top
@@ -74,6 +75,7 @@ LAYERS: dict[str, int] = {
 
 # Narrower rules inside the table (design.md §5): the engine fetches and collates only; the
 # pass talks to workers through their protocol and never sees the loader.
+_PASS_MAY_NOT = ("_loader", "_shm", "_queues", "_worker", "_context", "_storage", "_storage_config")
 FORBIDDEN: dict[str, tuple[str, ...]] = {
     "_engine": (
         "sources",
@@ -85,7 +87,8 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
         "_workers",
         "_worker",
     ),
-    "_pass": ("_loader", "_shm", "_queues", "_worker", "_context", "_storage", "_storage_config"),
+    "_pass": _PASS_MAY_NOT,
+    "_dispatch": _PASS_MAY_NOT,
     "_workers": ("_pass", "_loader"),
     "_protocol": ("_shm", "_queues"),
 }
