@@ -38,6 +38,7 @@ LAYERS: dict[str, int] = {
     "_watchdog": 1,  # blocked loops, parent death, forgotten awaits
     "_shm": 1,
     "_shm_mirror": 1,
+    "_shm_pool": 1,  # a worker's BlockPool; _shm re-exports it
     # 2: storage
     "sources": 2,
     "_storage": 2,
@@ -75,7 +76,16 @@ LAYERS: dict[str, int] = {
 
 # Narrower rules inside the table (design.md §5): the engine fetches and collates only; the
 # pass talks to workers through their protocol and never sees the loader.
-_PASS_MAY_NOT = ("_loader", "_shm", "_queues", "_worker", "_context", "_storage", "_storage_config")
+_PASS_MAY_NOT = (
+    "_loader",
+    "_shm",
+    "_shm_pool",
+    "_queues",
+    "_worker",
+    "_context",
+    "_storage",
+    "_storage_config",
+)
 FORBIDDEN: dict[str, tuple[str, ...]] = {
     "_engine": (
         "sources",
@@ -84,13 +94,14 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
         "_retry",
         "_queues",
         "_shm",
+        "_shm_pool",
         "_workers",
         "_worker",
     ),
     "_pass": _PASS_MAY_NOT,
     "_dispatch": _PASS_MAY_NOT,
     "_workers": ("_pass", "_loader"),
-    "_protocol": ("_shm", "_queues"),
+    "_protocol": ("_shm", "_shm_pool", "_queues"),
 }
 
 
