@@ -70,6 +70,7 @@ LAYERS: dict[str, int] = {
     "_bench": 8,
     "_console": 8,
     "_demo": 8,
+    "_demo_data": 8,  # the demo's records, datasets and embedded store
     "_demo_server": 8,
     "_serve": 8,
 }
