@@ -38,9 +38,11 @@ LAYERS: dict[str, int] = {
     "_watchdog": 1,  # blocked loops, parent death, forgotten awaits
     "_shm": 1,
     "_shm_mirror": 1,
+    "_shm_pool": 1,  # a worker's BlockPool; _shm re-exports it
     # 2: storage
     "sources": 2,
     "_storage": 2,
+    "_storage_config": 2,  # per-prefix options; _storage re-exports it
     "_retry": 2,
     "_hedge": 2,
     "_cache": 2,
@@ -58,6 +60,7 @@ LAYERS: dict[str, int] = {
     "_workers": 5,
     # 6: one pass over the data
     "_pass": 6,
+    "_dispatch": 6,  # the pass's traffic with its workers: dispatch, reorder, timeout
     # 7: the loader
     "_loader": 7,
     # 8: the facade and the tools on top
@@ -67,17 +70,39 @@ LAYERS: dict[str, int] = {
     "_bench": 8,
     "_console": 8,
     "_demo": 8,
+    "_demo_data": 8,  # the demo's records, datasets and embedded store
     "_demo_server": 8,
     "_serve": 8,
 }
 
 # Narrower rules inside the table (design.md §5): the engine fetches and collates only; the
 # pass talks to workers through their protocol and never sees the loader.
+_PASS_MAY_NOT = (
+    "_loader",
+    "_shm",
+    "_shm_pool",
+    "_queues",
+    "_worker",
+    "_context",
+    "_storage",
+    "_storage_config",
+)
 FORBIDDEN: dict[str, tuple[str, ...]] = {
-    "_engine": ("sources", "_storage", "_retry", "_queues", "_shm", "_workers", "_worker"),
-    "_pass": ("_loader", "_shm", "_queues", "_worker", "_context", "_storage"),
+    "_engine": (
+        "sources",
+        "_storage",
+        "_storage_config",
+        "_retry",
+        "_queues",
+        "_shm",
+        "_shm_pool",
+        "_workers",
+        "_worker",
+    ),
+    "_pass": _PASS_MAY_NOT,
+    "_dispatch": _PASS_MAY_NOT,
     "_workers": ("_pass", "_loader"),
-    "_protocol": ("_shm", "_queues"),
+    "_protocol": ("_shm", "_shm_pool", "_queues"),
 }
 
 

@@ -14,17 +14,11 @@ loader delivered exactly the indices it was asked for and that both saw the same
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import multiprocessing.context
-import select
-import subprocess
 import sys
 import time
-import zlib
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -32,19 +26,23 @@ import torch
 import torch.utils.data
 from torch import nn
 
-from . import _demo_server, _storage
+from . import _demo_server
 from ._bench import fmt_ms
 from ._console import Progress, UsageError, find_objects, read_sync, render_table
 from ._context import resolve_context
-from ._dataset import Dataset
+from ._demo_data import (
+    AsyncRecords,
+    BlockingRecords,
+    decode_record,
+    embedded_store,
+    sample_order,
+)
 from ._loader import DataLoader
 from ._redact import redact_url
 from ._stats import LoaderStats
-from .datasets import RemoteFiles
 
 __all__ = ["DemoConfig", "RunResult", "embedded_store", "run_demo"]
 
-RECORD_SIZE = _demo_server.RECORD_SIZE
 NUM_CLASSES = _demo_server.NUM_CLASSES
 
 
@@ -98,102 +96,6 @@ class RunResult:
     @property
     def samples_per_s(self) -> float:
         return self.delivered / self.wall_s if self.wall_s > 0 else 0.0
-
-
-# ── the data ───────────────────────────────────────────────────────────────────────────────
-
-
-def decode_record(index: int, data: bytes) -> tuple[torch.Tensor, int, int, int]:
-    """``(image uint8[3,32,32], label, index, crc32)`` from one CIFAR-10 binary record."""
-    if len(data) != RECORD_SIZE or data[0] >= NUM_CLASSES:
-        raise ValueError(
-            f"sample {index} is {len(data)} bytes (first byte {data[:1]!r}); the demo expects "
-            f"CIFAR-10 binary records of {RECORD_SIZE} bytes: a label byte 0-9, then 3×32×32 "
-            "uint8 pixels"
-        )
-    pixels = np.frombuffer(data, dtype=np.uint8, offset=1).reshape(3, 32, 32).copy()
-    return torch.from_numpy(pixels), data[0], index, zlib.crc32(data)
-
-
-class AsyncRecords(Dataset[Any]):
-    """The asyncload side: ``async def __getitem__`` awaits ``asyncload.read``."""
-
-    def __init__(self, urls: list[str]) -> None:
-        self.files = RemoteFiles(urls)  # URLs in two NumPy arrays, not a list of str
-
-    def __len__(self) -> int:
-        return len(self.files)
-
-    async def __getitem__(self, index: int) -> tuple[torch.Tensor, int, int, int]:
-        return decode_record(index, await _storage.read(self.files.url(index)))
-
-
-class BlockingRecords(torch.utils.data.Dataset[Any]):
-    """The torch side: one blocking GET per ``__getitem__``, on a loop private to the worker."""
-
-    def __init__(self, urls: list[str]) -> None:
-        self.files = RemoteFiles(urls)
-        self._loop: asyncio.AbstractEventLoop | None = None
-
-    def __len__(self) -> int:
-        return len(self.files)
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int, int, int]:
-        if self._loop is None:  # created in the worker, reused for keep-alive connections
-            self._loop = asyncio.new_event_loop()
-        data = self._loop.run_until_complete(_storage.read(self.files.url(index)))
-        return decode_record(index, data)
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_loop": None}
-
-    def close(self) -> None:
-        if self._loop is not None:
-            self._loop.run_until_complete(_storage.aclose())
-            self._loop.close()
-            self._loop = None
-
-
-def sample_order(num_objects: int, count: int, seed: int) -> list[int]:
-    """*count* indices: shuffled passes over the objects, the same for both loaders."""
-    rng = np.random.default_rng(seed)
-    passes = -(-count // num_objects)
-    order = np.concatenate([rng.permutation(num_objects) for _ in range(passes)])[:count]
-    return [int(i) for i in order]
-
-
-@contextlib.contextmanager
-def embedded_store(*, objects: int, latency: float, seed: int) -> Iterator[str]:
-    """Run ``asyncload._demo_server`` in a child process; yield its dataset prefix URL."""
-    script = Path(_demo_server.__file__)
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            str(script),
-            f"--objects={objects}",
-            f"--latency={latency}",
-            f"--seed={seed}",
-        ],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-    )
-    try:
-        assert proc.stdout is not None
-        ready, _, _ = select.select([proc.stdout], [], [], 30.0)
-        line = proc.stdout.readline() if ready else b""
-        if not line.strip().isdigit():
-            raise RuntimeError(f"the embedded object store did not start (exit {proc.poll()})")
-        yield f"http://127.0.0.1:{int(line)}/{_demo_server.PREFIX}/"
-    finally:
-        if proc.stdin is not None:
-            proc.stdin.close()  # the server exits at end of file
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        if proc.stdout is not None:
-            proc.stdout.close()
 
 
 # ── training ───────────────────────────────────────────────────────────────────────────────

@@ -5,26 +5,38 @@
 the backend's single attempts under the options' ``Retry`` policy.
 
 Settings given with ``configure`` in the main process reach workers through
-``export_config`` / ``import_config``, which the DataLoader's worker start-up calls.
-Clients are created lazily, per event loop (aiohttp) or per process (obstore), so nothing here
-has to be picklable but the settings themselves.
+``export_config`` / ``import_config``, which the DataLoader's worker start-up calls; they live
+in ``_storage_config.py`` and are re-exported here. Clients are created lazily, per event loop
+(aiohttp) or per process (obstore), so nothing here has to be picklable but the settings
+themselves.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import threading
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from typing import Any
 
 from . import _cache, _hedge, _stats, _sync
 from ._exceptions import InvalidURL, LoadError
 from ._retry import AttemptFailed, Retry, backoff, give_up, next_wait, retrying
+from ._storage_config import (
+    StorageConfig,
+    _install,
+    configure,
+    configure_all,
+    export_config,
+    import_config,
+    learn_connections,
+    options_for,
+    pool_size,
+    set_pool_size,
+)
 from .sources import _base, _pacing
-from .sources._base import DEFAULT_OPTIONS, ObjectInfo, StorageOptions, backend_for
+from .sources._base import ObjectInfo, StorageOptions, backend_for
 
 __all__ = [
     "ObjectInfo",
@@ -39,6 +51,7 @@ __all__ = [
     "learn_connections",
     "list_files",
     "list_files_async",
+    "options_for",
     "pool_size",
     "read",
     "read_sync",
@@ -46,165 +59,6 @@ __all__ = [
     "stat",
     "stream",
 ]
-
-_OPTION_NAMES = frozenset(f.name for f in dataclasses.fields(StorageOptions))
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class StorageConfig:
-    """Everything ``configure`` set in one process: what ``export_config`` returns."""
-
-    prefixes: tuple[tuple[str, StorageOptions], ...]
-    """``(prefix, options)`` pairs, longest prefix first."""
-    pool_size: int
-    """Connection-pool size for lazily created clients."""
-    connections: tuple[tuple[str, int], ...] = ()
-    """Connections per ``host:port`` that hosts proved to take (``sources._pacing``)."""
-
-
-# Longest prefix first, so the first match is the most specific one.
-_prefixes: list[tuple[str, StorageOptions]] = []
-
-
-def _matches(url: str, prefix: str) -> bool:
-    if not url.startswith(prefix):
-        return False
-    # "s3://bucket" covers "s3://bucket/key" but not "s3://bucket2/key".
-    return len(url) == len(prefix) or prefix[-1] in "/:" or url[len(prefix)] in "/?#"
-
-
-def options_for(url: str) -> StorageOptions:
-    """The options of the longest configured prefix of *url* (defaults when none matches).
-
-    A URL with credentials in it (``http://user:pw@host:port/...``) also matches a prefix
-    configured without them (``http://host:port``).
-    """
-    for prefix, options in _prefixes:
-        if _matches(url, prefix):
-            return options
-    if "@" in url and _prefixes:
-        bare = _without_userinfo(url)
-        if bare != url:
-            return options_for(bare)
-    return DEFAULT_OPTIONS
-
-
-def _without_userinfo(url: str) -> str:
-    start = url.find("://") + 3
-    if start < 3:
-        return url
-    end = len(url)
-    for sep in "/?#":
-        at = url.find(sep, start)
-        if at != -1:
-            end = min(end, at)
-    at = url.rfind("@", start, end)
-    return url if at == -1 else url[:start] + url[at + 1 :]
-
-
-def configure(prefix: str, options: StorageOptions | None = None, /, **kwargs: Any) -> None:
-    """Set the storage options for every URL under *prefix*; the longest matching prefix wins.
-
-    Options are not inherited between prefixes: a URL gets exactly the options of its longest
-    configured prefix (or the defaults). Configuring the same prefix again replaces its options.
-    Call this in the main process before iterating a DataLoader; workers receive a copy.
-
-    Args:
-        prefix: A URL prefix such as ``"s3://bucket"``, ``"s3://bucket/train/"``,
-            ``"https://data.example.com"`` or ``"s3://"`` (every bucket).
-        options: A ready [`StorageOptions`][asyncload.StorageOptions]; keyword arguments
-            override its fields.
-        **kwargs: [`StorageOptions`][asyncload.StorageOptions] fields (``endpoint``,
-            ``region``, ``credentials``, ``headers``, ``connect_timeout``, ``read_timeout``,
-            ``retry``, ...).
-
-    Examples:
-        >>> import asyncload
-        >>> asyncload.configure(
-        ...     "s3://my-bucket", endpoint="http://127.0.0.1:9000", region="us-east-1",
-        ...     retry=asyncload.Retry(attempts=8),
-        ... )
-    """
-    unknown = sorted(set(kwargs) - _OPTION_NAMES)
-    if unknown:
-        raise TypeError(
-            f"unknown storage option(s) {', '.join(unknown)}; "
-            f"valid: {', '.join(sorted(_OPTION_NAMES))}"
-        )
-    if options is None:
-        options = StorageOptions(**kwargs)
-    elif kwargs:
-        options = dataclasses.replace(options, **kwargs)
-    if not isinstance(prefix, str) or not prefix:
-        raise ValueError(f"configure() needs a non-empty URL prefix, got {prefix!r}")
-    # A misspelt backend key (credentials=/extra=) fails here, not at the first read in a worker.
-    check = getattr(_base._registry.get(_base.split_scheme(prefix)), "check_options", None)
-    if check is not None:
-        check(prefix, options)
-    _install([(p, o) for p, o in _prefixes if p != prefix] + [(prefix, options)])
-
-
-def configure_all(storage_options: Mapping[str, StorageOptions | Mapping[str, Any]]) -> None:
-    """[`configure`][asyncload.configure] every ``prefix: options`` pair of a mapping.
-
-    The mapping is what datasets take as ``storage_options=``.
-
-    Examples:
-        >>> asyncload.configure_all({"s3://bucket": {"region": "eu-west-1"}})  # doctest: +SKIP
-    """
-    for prefix, options in storage_options.items():
-        if isinstance(options, StorageOptions):
-            configure(prefix, options)
-        else:
-            configure(prefix, **dict(options))
-
-
-def _install(entries: list[tuple[str, StorageOptions]]) -> None:
-    _prefixes[:] = sorted(entries, key=lambda e: len(e[0]), reverse=True)
-    _clear_clients()
-
-
-def _clear_clients() -> None:
-    # obstore stores bake credentials and endpoints in at construction: rebuild on next use.
-    for backend in set(_base._registry.values()):
-        clear = getattr(backend, "clear", None)
-        if clear is not None:
-            clear()
-
-
-def export_config() -> StorageConfig:
-    """A picklable snapshot of this process's storage settings, for worker start-up."""
-    return StorageConfig(
-        prefixes=tuple(_prefixes),
-        pool_size=_base.pool_size(),
-        connections=tuple(_pacing.learned().items()),
-    )
-
-
-def import_config(snapshot: object) -> None:
-    """Install a snapshot from ``export_config`` (in a worker process), replacing any."""
-    if not isinstance(snapshot, StorageConfig):
-        raise TypeError(f"expected a StorageConfig from export_config(), got {type(snapshot)!r}")
-    _base.set_pool_size(snapshot.pool_size)
-    _pacing.trust(snapshot.connections)
-    _install(list(snapshot.prefixes))
-
-
-def learn_connections(counts: tuple[tuple[str, int], ...]) -> None:
-    """Take the connections hosts proved to a worker, from its stats counters, so the next
-    pass's workers start with them (see ``sources._pacing``)."""
-    _pacing.learn(counts)
-
-
-def set_pool_size(n: int) -> None:
-    """Connections per host that clients created from now on may keep (the loader's
-    ``max_concurrency``)."""
-    _base.set_pool_size(n)
-
-
-def pool_size() -> int:
-    """The connection-pool size clients are created with."""
-    return _base.pool_size()
 
 
 def reset() -> None:

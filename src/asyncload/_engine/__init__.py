@@ -1,0 +1,92 @@
+"""The engine: one event loop fetching up to ``max_concurrency`` samples at once, across batches.
+
+The same ``Engine`` runs in a worker process and, for ``num_workers=0``, in a background
+thread of the main process (both in ``_worker.py``). It reads tasks from an asyncio queue, starts
+one coroutine per sample, collates a batch the moment its last sample lands and hands it to
+``put``. Every task gets exactly one reply; see NOTE [ Data flow and shutdown ] in
+``_protocol.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from .. import _metrics
+from .._protocol import IndexTask, IterTask, PassStarted, Shutdown, StartPass
+from ._core import WorkerConfig
+from ._iter import IterFetching
+from ._map import MapFetching
+
+__all__ = ["Engine", "WorkerConfig"]
+
+
+class Engine(MapFetching, IterFetching):
+    """Fetches, collates and hands over batches for one worker (process or thread).
+
+    Args:
+        cfg: The worker's configuration.
+        put: Delivers a reply message to the main process; must not block for long.
+        where: Names this worker in error messages ("in DataLoader worker 1 (pid 123)").
+        recorder: Its counters; a new one by default.
+
+    Its state and replies live in ``_core.py``, map-style fetching in ``_map.py`` and
+    iterable-style fetching in ``_iter.py``.
+    """
+
+    # ── main loop ──────────────────────────────────────────────────────────────────────────
+
+    async def run(self, inbox: asyncio.Queue[object]) -> None:
+        with _metrics.use(self.recorder):  # tasks started from here on inherit it
+            await self._run(inbox)
+
+    async def _run(self, inbox: asyncio.Queue[object]) -> None:
+        try:
+            while True:
+                msg = await inbox.get()
+                if isinstance(msg, IndexTask):
+                    if msg.generation == self._generation:
+                        if self._starter is None:
+                            self._starter = asyncio.get_running_loop().create_task(self._start())
+                        self._batches.put_nowait(msg)
+                elif isinstance(msg, IterTask):
+                    if msg.generation == self._generation:
+                        self._ensure_iterating()
+                        self._iter_requests.put_nowait(msg)
+                elif isinstance(msg, StartPass):
+                    await self._cancel_all()
+                    # loader.stats() is per pass, and its clock starts again with this one.
+                    self.recorder.reset()
+                    self._generation = msg.generation
+                    # The worker's dataset is a copy: carry the new epoch over (torch doesn't,
+                    # so persistent workers there shuffle every epoch the same way).
+                    set_epoch = getattr(self.cfg.dataset, "set_epoch", None)
+                    if msg.epoch is not None and callable(set_epoch):
+                        set_epoch(msg.epoch)
+                    if msg.shared_seed is not None:  # torch reseeds every pass
+                        self._datapipe.seed(self.cfg.dataset, msg.shared_seed)
+                    self._put(PassStarted(msg.generation, self.cfg.worker_id))
+                elif isinstance(msg, Shutdown):
+                    return
+        finally:
+            await self._cancel_all()
+
+    async def _cancel_all(self) -> None:
+        tasks = list(self._tasks)
+        for attr in ("_iter_task", "_starter"):
+            task = getattr(self, attr)
+            if task is not None:
+                tasks.append(task)
+                setattr(self, attr, None)
+        self._cancelling = True
+        try:
+            for t in tasks:
+                t.cancel()
+            if tasks:
+                await asyncio.gather(*tasks, return_exceptions=True)
+        finally:
+            self._cancelling = False
+        self._tasks.clear()
+        self._iter_requests = asyncio.Queue()
+        self._batches = asyncio.Queue()
+        self._sem = asyncio.Semaphore(self.cfg.max_concurrency)
+        self.recorder.in_flight = 0

@@ -1,0 +1,132 @@
+"""Iterable-style fetching: ``IterTask``s answered in order from one pass over the dataset."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from .._budget import SkippedSample
+from .._dataset import aiter_for
+from .._protocol import Exhausted
+from ._core import EngineCore
+
+__all__ = ["IterFetching"]
+
+
+class IterFetching(EngineCore):
+    """Answers ``IterTask``s: the engine's iterable-style half."""
+
+    def _ensure_iterating(self) -> None:
+        if self._iter_task is None:
+            self._iter_task = asyncio.get_running_loop().create_task(self._iterate())
+
+    async def _iterate(self) -> None:
+        """Answer IterTasks in order from one pass over the dataset.
+
+        A pump runs ahead of the requests by up to ``max_concurrency`` items; items that are
+        awaitables are started immediately, so their fetches overlap, and taken in order.
+        """
+        ahead: asyncio.Queue[Any] = asyncio.Queue(maxsize=self.cfg.max_concurrency)
+        end = object()
+        skip, self._skip = self._skip, 0
+        it = _skipping(self.cfg.dataset, skip)
+        pump = asyncio.get_running_loop().create_task(self._pump(it, ahead, end))
+        want = self.cfg.batch_size if self.cfg.auto_collation else 1
+        exhausted = False
+        position = skip  # of the next item in this worker's stream (names skipped samples)
+        try:
+            while True:
+                req = await self._iter_requests.get()
+                if exhausted:
+                    self._put(Exhausted(req.send_idx, self._generation, self.cfg.worker_id))
+                    continue
+                samples: list[Any] = []
+                # Left-out samples still count towards the batch, so every batch takes the
+                # same number of items from the stream and a resume skips exactly that many.
+                skipped: list[SkippedSample] = []
+                try:
+                    while len(samples) + len(skipped) < (want or 1):
+                        item = await ahead.get()
+                        if item is end:
+                            exhausted = True
+                            break
+                        if isinstance(item, _Raised):  # the dataset's iterator raised
+                            exhausted = True
+                            raise item.exc
+                        position += 1
+                        if isinstance(item, asyncio.Future):
+                            try:
+                                item = await item
+                            except Exception as exc:
+                                if not self.cfg.skip_sample_errors:
+                                    raise
+                                skipped.append(self._skip_sample(exc, position - 1))
+                                continue
+                        samples.append(item)
+                except Exception as exc:
+                    self._fail(req.send_idx, exc)
+                    continue
+                taken = len(samples) + len(skipped)
+                if not taken or (exhausted and self.cfg.drop_last and taken < (want or 1)):
+                    self._put(Exhausted(req.send_idx, self._generation, self.cfg.worker_id))
+                    continue
+                if skipped:
+                    self._deliver(req.send_idx, samples, skipped)
+                    continue
+                self._deliver(req.send_idx, samples if self.cfg.auto_collation else samples[0])
+        finally:
+            pump.cancel()
+            await asyncio.gather(pump, return_exceptions=True)
+
+    async def _pump(self, it: AsyncIterator[Any], ahead: asyncio.Queue[Any], end: object) -> None:
+        try:
+            async for item in it:
+                if inspect.isawaitable(item):
+                    await self._sem.acquire()
+                    self.recorder.in_flight += 1
+                    await ahead.put(self._spawn(self._await_one(item)))
+                else:
+                    self.recorder.note_sample(0.0)
+                    await ahead.put(item)
+        except (Exception, asyncio.CancelledError) as exc:
+            await ahead.put(_Raised(self._as_failure(exc)))
+            return
+        await ahead.put(end)
+
+    async def _await_one(self, aw: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            result = await aw
+        except asyncio.CancelledError as exc:
+            raise self._as_failure(exc) from exc
+        finally:
+            self._sem.release()
+            self.recorder.in_flight -= 1
+        self.recorder.note_sample(time.perf_counter() - t0)
+        return result
+
+
+async def _skipping(dataset: Any, skip: int) -> AsyncIterator[Any]:
+    """Iterate *dataset* from sample *skip* on: its own ``aiter_from`` if it has one (it may
+    know a cheaper way), else by discarding; awaitables skipped are closed, never fetched."""
+    aiter_from = getattr(dataset, "aiter_from", None)
+    if skip and callable(aiter_from):
+        async for item in aiter_from(skip):
+            yield item
+        return
+    async for item in aiter_for(dataset):
+        if skip:
+            skip -= 1
+            if inspect.iscoroutine(item):
+                item.close()
+            continue
+        yield item
+
+
+@dataclass(frozen=True, slots=True)
+class _Raised:
+    exc: Exception

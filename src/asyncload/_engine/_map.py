@@ -1,0 +1,129 @@
+"""Map-style fetching: one coroutine per sample (or one per batch with ``__getitems__``).
+
+A batch starts as soon as fetch slots free up, before the previous one completes, and is
+collated the moment its last sample lands.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import numpy as np
+
+from .._budget import SkippedSample
+from .._protocol import IndexTask
+from ._core import EngineCore
+
+__all__ = ["MapFetching"]
+
+
+class _Batch:
+    """A map-style batch being fetched: samples land in their slot as they complete."""
+
+    __slots__ = ("failed", "remaining", "samples", "skipped", "task")
+
+    def __init__(self, task: IndexTask, n: int) -> None:
+        self.task = task
+        self.samples: list[Any] = [None] * n
+        self.remaining = n
+        self.failed = False
+        self.skipped: list[SkippedSample] = []  # left out (sample_errors='skip'/'warn')
+
+
+class MapFetching(EngineCore):
+    """Answers ``IndexTask``s: the engine's map-style half."""
+
+    async def _start(self) -> None:
+        while True:
+            await self._start_batch(await self._batches.get())
+
+    async def _start_batch(self, task: IndexTask) -> None:
+        indices = task.indices
+        if not self.cfg.auto_collation:
+            indices = [indices]
+        elif isinstance(indices, np.ndarray):
+            indices = indices.tolist()
+        batch = _Batch(task, len(indices))
+        if not indices:
+            self._deliver(task.send_idx, [])
+            return
+        if self._fetch_batch is not None:
+            await self._sem.acquire()
+            self.recorder.in_flight += 1
+            self._spawn(self._fetch_many(batch, indices))
+            return
+        for pos, index in enumerate(indices):
+            # Waiting here is the backpressure: the next batch starts as soon as slots free up,
+            # before this one completes.
+            await self._sem.acquire()
+            if batch.failed:
+                self._sem.release()
+                return
+            self.recorder.in_flight += 1
+            self._spawn(self._fetch_one(batch, pos, index))
+
+    async def _fetch_many(self, batch: _Batch, indices: list[Any]) -> None:
+        assert self._fetch_batch is not None
+        t0 = time.perf_counter()
+        try:
+            samples = await self._fetch_batch(indices)
+            if len(samples) != len(indices):
+                raise ValueError(
+                    f"__getitems__ returned {len(samples)} samples for {len(indices)} indices"
+                )
+        except (Exception, asyncio.CancelledError) as exc:
+            error = self._as_failure(exc)
+            if self.cfg.skip_sample_errors:  # which sample failed is unknown: all of them
+                self._deliver(
+                    batch.task.send_idx, [], [self._skip_sample(error, i) for i in indices]
+                )
+            else:
+                self._fail(batch.task.send_idx, error, indices)
+            return
+        finally:
+            self._sem.release()
+            self.recorder.in_flight -= 1
+        per_sample = (time.perf_counter() - t0) / len(indices)
+        for _ in indices:
+            self.recorder.note_sample(per_sample)
+        self._deliver(batch.task.send_idx, list(samples))
+
+    async def _fetch_one(self, batch: _Batch, pos: int, index: Any) -> None:
+        assert self._fetch is not None
+        t0 = time.perf_counter()
+        try:
+            sample = await self._fetch(index)
+        except (Exception, asyncio.CancelledError) as exc:
+            error = self._as_failure(exc)
+            if self.cfg.skip_sample_errors:
+                batch.skipped.append(self._skip_sample(error, index))
+                batch.samples[pos] = _LEFT_OUT
+                sample = _LEFT_OUT
+            elif not batch.failed:
+                batch.failed = True
+                self._fail(batch.task.send_idx, error, index)
+                return
+            else:
+                return
+        finally:
+            self._sem.release()
+            self.recorder.in_flight -= 1
+        if sample is not _LEFT_OUT:
+            self.recorder.note_sample(time.perf_counter() - t0)
+        if batch.failed:
+            return
+        batch.samples[pos] = sample
+        batch.remaining -= 1
+        if batch.remaining == 0:
+            if batch.skipped:
+                kept = [x for x in batch.samples if x is not _LEFT_OUT]
+                self._deliver(batch.task.send_idx, kept, batch.skipped)
+            else:
+                self._deliver(
+                    batch.task.send_idx, batch.samples if self.cfg.auto_collation else sample
+                )
+
+
+_LEFT_OUT: Any = object()  # a batch slot whose sample failed and was skipped

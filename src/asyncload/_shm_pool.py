@@ -1,0 +1,292 @@
+"""The worker's side of NOTE [ Reused shared memory ] (in ``_shm.py``): its ``BlockPool``.
+
+A pool hands out memfd blocks as storages, takes them back when both sides are done with a use,
+and pickles the blocks a message names as references whose descriptors travel beside it.
+``_shm.py`` installs one pool per worker process and re-exports ``BlockPool`` and ``BlockRef``.
+"""
+
+from __future__ import annotations
+
+import collections
+import mmap
+import os
+import threading
+import weakref
+from multiprocessing.reduction import DupFd
+from typing import Any
+
+import numpy as np
+import torch
+
+from ._shm_mirror import _open_block
+
+__all__ = ["MAX_POOL_BYTES", "BlockPool", "BlockRef"]
+
+_PAGE = mmap.PAGESIZE
+MAX_POOL_BYTES = 1 << 30
+"""A worker's blocks never add up to more than this; beyond it, torch's shared memory is used."""
+
+
+def _round_up(n: int) -> int:
+    return max(_PAGE, -(-n // _PAGE) * _PAGE)
+
+
+class _Block:
+    __slots__ = (
+        "addr",
+        "cap",
+        "fd",
+        "id",
+        "in_main",
+        "in_worker",
+        "mapped",
+        "mm",
+        "packing",
+        "ref",
+        "seq",
+    )
+
+    def __init__(self, block_id: int, cap: int) -> None:
+        self.id = block_id
+        self.cap = cap
+        self.fd = os.memfd_create(f"asyncload-{block_id}", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(self.fd, cap)
+            self.mm = mmap.mmap(self.fd, cap)
+        except BaseException:
+            os.close(self.fd)
+            raise
+        self.addr = np.frombuffer(self.mm, dtype=np.uint8).ctypes.data
+        self.seq = 0
+        self.in_worker = False  # a storage of this process views the block
+        self.in_main = False  # the main process has a batch on it (use ``seq``)
+        self.packing = False  # named in the message being pickled: not free whatever happens
+        self.mapped = False  # the main process has told us it mapped the block
+        self.ref: BlockRef | None = None
+
+    def close_fd(self) -> None:
+        """Once the main process has the block mapped, its descriptor is needed no more."""
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def close(self) -> None:
+        self.close_fd()
+        # Views the worker still holds keep the mapping alive; the pool just lets go of it.
+        self.mm = None  # type: ignore[assignment]
+
+
+class BlockRef:
+    """What a pooled storage pickles as; one object per use, so pickle's memo shares it."""
+
+    __slots__ = ("block", "nbytes", "seq")
+
+    def __init__(self, block: _Block, seq: int, nbytes: int) -> None:
+        self.block, self.seq, self.nbytes = block, seq, nbytes
+
+
+class BlockPool:
+    """A worker's reusable shared-memory blocks (see NOTE [ Reused shared memory ]).
+
+    Args:
+        token: Names this worker's pool in the main process.
+        max_blocks: At most this many blocks exist at once; about a quarter of that many are
+            kept when free.
+        min_bytes: Storages up to this size are not pooled (they travel inside the message).
+        max_bytes: Blocks add up to at most this many bytes.
+    """
+
+    def __init__(
+        self, token: str, *, max_blocks: int, min_bytes: int = 0, max_bytes: int = MAX_POOL_BYTES
+    ) -> None:
+        self.token = token
+        self.min_bytes = min_bytes
+        self.max_blocks = max_blocks
+        self.max_free = max_blocks // 4 + 2
+        self.max_bytes = max_bytes
+        self._lock = threading.Lock()
+        self._blocks: dict[int, _Block] = {}
+        self._by_addr: dict[int, _Block] = {}
+        self._free: collections.OrderedDict[int, _Block] = collections.OrderedDict()
+        self._bytes = 0
+        self._next_id = 0
+        self._evicted: list[int] = []
+        self._packing: list[_Block] | None = None
+        self._keepalive: list[torch.UntypedStorage] = []  # copies made while pickling a message
+        self._copies: dict[tuple[int, int], BlockRef] = {}  # source storage → its copy's block
+        # Worker-side storages that died, as (id, use): appended by a finalizer, which may run
+        # in any thread *and* inside a garbage collection that started while this thread held
+        # the lock, so it must not take the lock itself; drained under the lock.
+        self._dropped: collections.deque[tuple[int, int]] = collections.deque()
+        self.hits = 0
+        self.created = 0
+        self.fallbacks = 0
+
+    # allocation
+
+    def allocate(self, nbytes: int) -> torch.UntypedStorage | None:
+        """A storage of *nbytes* on a pooled block, or None when the pool is full."""
+        cap = _round_up(nbytes)
+        with self._lock:
+            self._drain_dropped()
+            block = self._take_free(cap) or self._create(cap)
+            if block is None:
+                self.fallbacks += 1
+                return None
+            block.seq += 1
+            block.in_worker = True
+            block.ref = BlockRef(block, block.seq, nbytes)
+            seq = block.seq
+        arr = np.frombuffer(block.mm, dtype=np.uint8, count=nbytes)
+        weakref.finalize(arr, self._worker_done, block.id, seq)
+        return torch.from_numpy(arr).untyped_storage()
+
+    def _take_free(self, cap: int) -> _Block | None:
+        for block in self._free.values():  # oldest first: every block stays warm in turn
+            if block.cap == cap:
+                del self._free[block.id]
+                self.hits += 1
+                return block
+        return None
+
+    def _create(self, cap: int) -> _Block | None:
+        while self._free and (
+            len(self._blocks) >= self.max_blocks or self._bytes + cap > self.max_bytes
+        ):
+            _, old = self._free.popitem(last=False)  # least recently freed
+            self._drop(old)
+        if len(self._blocks) >= self.max_blocks or self._bytes + cap > self.max_bytes:
+            return None
+        try:
+            block = _Block(self._next_id, cap)
+        except OSError:  # out of memory or descriptors: torch's path may still work
+            return None
+        self._next_id += 1
+        self._blocks[block.id] = block
+        self._by_addr[block.addr] = block
+        self._bytes += cap
+        self.created += 1
+        return block
+
+    def _drop(self, block: _Block) -> None:
+        del self._blocks[block.id]
+        del self._by_addr[block.addr]
+        self._bytes -= block.cap
+        self._evicted.append(block.id)  # the main process may have it mapped
+        block.close()
+
+    def _maybe_free(self, block: _Block) -> None:
+        if (
+            not block.in_worker
+            and not block.in_main
+            and not block.packing
+            and block.id in self._blocks
+        ):
+            block.ref = None
+            self._free[block.id] = block
+            # After a burst (a loop that kept many batches, then let go) don't stay resident:
+            # keep about what the batches in flight need.
+            while len(self._free) > self.max_free:
+                _, old = self._free.popitem(last=False)
+                self._drop(old)
+
+    def _worker_done(self, block_id: int, seq: int) -> None:
+        self._dropped.append((block_id, seq))  # no lock: see _dropped
+
+    def _drain_dropped(self) -> None:
+        while True:
+            try:
+                block_id, seq = self._dropped.popleft()
+            except IndexError:
+                return
+            block = self._blocks.get(block_id)
+            if block is not None and block.seq == seq:
+                block.in_worker = False
+                self._maybe_free(block)
+
+    def release(self, freed: tuple[int, ...]) -> None:
+        """The main process is done with these uses: ``(id0, seq0, id1, seq1, ...)``."""
+        with self._lock:
+            self._drain_dropped()
+            for i in range(0, len(freed) - 1, 2):
+                block = self._blocks.get(freed[i])
+                if block is not None and block.seq == freed[i + 1] and block.in_main:
+                    block.mapped = True
+                    block.close_fd()
+                    block.in_main = False
+                    self._maybe_free(block)
+
+    # pickling (pack runs in the loop thread, one message at a time)
+
+    def ref_for(self, tensor: torch.Tensor) -> BlockRef | None:
+        """The block reference of a tensor whose storage is a pooled block in use, if any."""
+        storage = tensor.untyped_storage()
+        block = self._by_addr.get(storage.data_ptr())
+        if block is None or block.ref is None or block.in_main:
+            return None  # not ours, or already sent in an earlier batch
+        if storage.nbytes() != block.ref.nbytes:
+            return None
+        return block.ref
+
+    def begin(self) -> None:
+        self._packing = []
+
+    def reduce_ref(self, ref: BlockRef) -> tuple[Any, ...]:
+        """Pickle a block use as its id: the descriptor, if needed, travels beside the message
+        (``end``), so a message that fails to pickle leaves no descriptor behind."""
+        block = ref.block
+        with self._lock:
+            block.packing = True  # a view going torch's way may free our storage mid-pickle
+        if self._packing is not None:
+            self._packing.append(block)
+        return _open_block, (self.token, block.id, ref.seq, ref.nbytes)
+
+    def copy_ref(self, t: torch.Tensor) -> BlockRef | None:
+        """A block holding a copy of *t*'s whole storage, one per storage per message, so views
+        of one storage still share it after the crossing (as with torch's own path)."""
+        storage = t.untyped_storage()
+        key = (storage.data_ptr(), storage.nbytes())
+        ref = self._copies.get(key)
+        if ref is not None:
+            return ref
+        if storage.is_shared() or storage.nbytes() <= self.min_bytes:
+            return None
+        copy = self.allocate(storage.nbytes())
+        if copy is None:
+            return None
+        copy.copy_(storage)
+        self._keepalive.append(copy)  # until the message is pickled
+        block = self._by_addr[copy.data_ptr()]
+        assert block.ref is not None
+        self._copies[key] = block.ref
+        return block.ref
+
+    def end(self, sent: bool) -> tuple[tuple[tuple[int, int, Any], ...], tuple[int, ...]]:
+        """Finish a message: its blocks now belong to the main process if it was *sent*.
+
+        Returns the descriptors of blocks the main process has not mapped yet, as
+        ``(id, size, DupFd)``, and the ids of blocks dropped since the last message, for the
+        main process to unmap.
+        """
+        packed, self._packing = self._packing or [], None
+        fds: list[tuple[int, int, Any]] = []
+        with self._lock:
+            self._drain_dropped()
+            for block in packed:
+                block.packing = False
+                if sent:
+                    block.in_main = True
+                    if not block.mapped:
+                        fds.append((block.id, block.cap, DupFd(block.fd)))
+                else:
+                    self._maybe_free(block)
+            evicted, self._evicted = tuple(self._evicted), []
+        # Only now: dropping a copy frees its block unless the main process has it.
+        self._keepalive.clear()
+        self._copies.clear()
+        return tuple(fds), evicted
+
+    def unsend_evicted(self, evicted: tuple[int, ...]) -> None:
+        """*evicted* (from ``end``) did not reach the main process: name them again later."""
+        with self._lock:
+            self._evicted[:0] = evicted
