@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _datapipes, _metrics
+from . import _datapipes, _elastic_iter, _metrics
 from ._budget import SkippedSample
 from ._dataset import aiter_for, batch_fetcher_for, fetcher_for
 from ._protocol import (
@@ -71,6 +71,9 @@ class WorkerConfig:
     """An ``IterDataPipe``'s shuffle seed, the same in every worker (torch's shared seed)."""
     skip_sample_errors: bool = False
     """Leave a failing sample out of its batch instead of failing the batch (``_budget``)."""
+    plan: Any = None
+    """The units this worker reads on its first pass, re-dealt from a checkpoint taken with
+    another number of readers (``_elastic_iter``); ``None``: its ordinary share."""
 
 
 class _Batch:
@@ -127,6 +130,9 @@ class Engine:
         self._cancelling = False  # True while the engine itself cancels its tasks
         self._last_stats = 0.0
         self._skip = cfg.skip
+        self._plan = cfg.plan
+        # Items come with tags saying which sample they are, for elastic checkpoints.
+        self._tagged = cfg.is_iterable and _elastic_iter.supports(cfg.dataset)
         # torch's DataLoader shards a DataPipe across every worker of every rank, and seeds
         # its shuffles with a seed all workers share (a new one every pass).
         self._datapipe = _datapipes.Placement(
@@ -228,7 +234,11 @@ class Engine:
         )
 
     def _deliver(
-        self, send_idx: int, samples: Any, skipped: list[SkippedSample] | None = None
+        self,
+        send_idx: int,
+        samples: Any,
+        skipped: list[SkippedSample] | None = None,
+        tags: tuple[Any, ...] = (),
     ) -> None:
         count = -1  # samples in this batch, counted towards a fractional error budget
         if self.cfg.skip_sample_errors:  # an empty batch is not collated, only reported
@@ -249,6 +259,7 @@ class Engine:
                 stats,
                 tuple(skipped or ()),
                 count,
+                tags,
             )
         )
 
@@ -382,7 +393,11 @@ class Engine:
         ahead: asyncio.Queue[Any] = asyncio.Queue(maxsize=self.cfg.max_concurrency)
         end = object()
         skip, self._skip = self._skip, 0
-        it = _skipping(self.cfg.dataset, skip)
+        plan, self._plan = self._plan, None
+        if self._tagged:
+            it = self.cfg.dataset.elastic_iter(plan, skip)
+        else:
+            it = _skipping(self.cfg.dataset, skip)
         pump = asyncio.get_running_loop().create_task(self._pump(it, ahead, end))
         want = self.cfg.batch_size if self.cfg.auto_collation else 1
         exhausted = False
@@ -397,6 +412,7 @@ class Engine:
                 # Left-out samples still count towards the batch, so every batch takes the
                 # same number of items from the stream and a resume skips exactly that many.
                 skipped: list[SkippedSample] = []
+                tags: list[Any] = []
                 try:
                     while len(samples) + len(skipped) < (want or 1):
                         item = await ahead.get()
@@ -407,6 +423,9 @@ class Engine:
                             exhausted = True
                             raise item.exc
                         position += 1
+                        if self._tagged:
+                            tag, item = item
+                            tags.append(tag)
                         if isinstance(item, asyncio.Future):
                             try:
                                 item = await item
@@ -424,23 +443,28 @@ class Engine:
                     self._put(Exhausted(req.send_idx, self._generation, self.cfg.worker_id))
                     continue
                 if skipped:
-                    self._deliver(req.send_idx, samples, skipped)
+                    self._deliver(req.send_idx, samples, skipped, tuple(tags))
                     continue
-                self._deliver(req.send_idx, samples if self.cfg.auto_collation else samples[0])
+                self._deliver(
+                    req.send_idx,
+                    samples if self.cfg.auto_collation else samples[0],
+                    tags=tuple(tags),
+                )
         finally:
             pump.cancel()
             await asyncio.gather(pump, return_exceptions=True)
 
     async def _pump(self, it: AsyncIterator[Any], ahead: asyncio.Queue[Any], end: object) -> None:
         try:
-            async for item in it:
+            async for got in it:
+                tag, item = got if self._tagged else (None, got)
                 if inspect.isawaitable(item):
                     await self._sem.acquire()
                     self.recorder.in_flight += 1
-                    await ahead.put(self._spawn(self._await_one(item)))
+                    item = self._spawn(self._await_one(item))
                 else:
                     self.recorder.note_sample(0.0)
-                    await ahead.put(item)
+                await ahead.put((tag, item) if self._tagged else item)
         except (Exception, asyncio.CancelledError) as exc:
             await ahead.put(_Raised(self._as_failure(exc)))
             return

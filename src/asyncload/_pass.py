@@ -161,7 +161,9 @@ class Pass:
             self._progress = Progress(self._num_workers)
         elif spec.is_iterable:  # only the per-worker counts matter; ordinals restart at 0
             self._progress = Progress(
-                self._num_workers, worker_batches=list(resume.progress.worker_batches)
+                self._num_workers,
+                worker_batches=list(resume.progress.worker_batches),
+                delivered=resume.progress.delivered.copy(),
             )
         else:
             self._progress = resume.progress
@@ -352,7 +354,11 @@ class Pass:
 
     def _unwrap(self, msg: Result | Failure) -> Any:
         # A failed batch counts as consumed: the training loop saw its error.
-        self._progress.mark(msg.send_idx, msg.worker_id if self.spec.is_iterable else None)
+        self._progress.mark(
+            msg.send_idx,
+            msg.worker_id if self.spec.is_iterable else None,
+            msg.tags if isinstance(msg, Result) else (),
+        )
         if isinstance(msg, Failure):
             return msg  # raised by __next__, after this bookkeeping
         return msg.data
@@ -366,7 +372,13 @@ class Pass:
             epoch=epoch,
             rng=self._rng_state,
             base_seed=self._base_seed,
-            progress=Progress(p.num_workers, p.watermark, set(p.extra), list(p.worker_batches)),
+            progress=Progress(
+                p.num_workers,
+                p.watermark,
+                set(p.extra),
+                list(p.worker_batches),
+                p.delivered.copy(),
+            ),
             finished=self.state is State.EXHAUSTED,
         )
 
