@@ -5,7 +5,8 @@ means the same samples only if the loader that resumes it batches and orders the
 way. ``fingerprint`` lists those facts; ``check`` compares a saved list with the current one and
 raises ``ValueError`` naming every fact that differs, with both values.
 
-What may change across a resume: ``num_workers`` (map-style), ``in_order``, ``timeout``,
+What may change across a resume: ``num_workers`` (map-style, and iterable datasets that can be
+re-dealt, ``_elastic_iter``), ``in_order``, ``timeout``,
 ``max_concurrency``, ``prefetch_factor``, ``pin_memory``, and the world size when the loader
 added the ``DistributedSampler`` itself (``auto_shard``; see ``_elastic.py``). What may not:
 the fields below.

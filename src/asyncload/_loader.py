@@ -327,8 +327,11 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue the pass recorded by ``state_dict`` at the next ``iter(loader)``.
 
-        Build the loader with the same dataset, sampler arguments and generator seed; for an
-        iterable dataset also the same ``num_workers``.
+        Build the loader with the same dataset, sampler arguments and generator seed. For an
+        iterable dataset also the same ``num_workers`` and world size, unless it can be
+        re-dealt (``TarShards``, any ``asyncload.ElasticIterable``): then what is left of the
+        epoch is dealt over the new readers (with another world size, load
+        ``asyncload.merge_state_dicts`` of every rank's checkpoint).
 
         Raises:
             ValueError: The checkpoint was saved from a loader with another ``batch_size``,
