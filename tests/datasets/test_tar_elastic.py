@@ -177,3 +177,13 @@ def test_world_size_change_needs_every_rank_merged(
         _ranks(monkeypatch, urls, 3, None, states[0])
     after, _ = _ranks(monkeypatch, urls, 3, None, asyncload.merge_state_dicts(states))
     _exactly_once(before + after, 160)
+
+
+def test_pinning_a_batch_keeps_its_tags() -> None:
+    """The pin-memory thread rebuilds each Result: tags (and skip counts) must survive it."""
+    from asyncload._pin_memory import pin
+    from asyncload._protocol import Result
+
+    msg = Result(3, 0, 1, "not a tensor", None, (), 4, ((7, 0, ()),))
+    pinned = pin(msg, "cuda")
+    assert (pinned.tags, pinned.sample_count, pinned.data) == (msg.tags, 4, "not a tensor")
