@@ -6,12 +6,14 @@ saw next to it, so the test can check unions, overlaps and batch counts across p
 * ``"mode": "ranks"`` (under torchrun, gloo): for each source, iterate one epoch of
   ``TarShards`` with 2 workers and write ``{name}-rank{r}.json`` = ``{"keys", "batches"}``.
 * ``"mode": "resume"``: iterate ``stop_after`` batches (then save ``loader.state_dict()``), or
-  load a saved state and iterate the rest of the epoch; write the keys seen.
+  load a saved state and iterate the rest of the epoch; write the keys seen (under torchrun,
+  one file per rank: a checkpoint of one rank resumed by two).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -87,7 +89,9 @@ def run_resume(cfg: dict[str, Any], out: Path) -> None:
         loader.load_state_dict(torch.load(state_path, weights_only=True))
         for batch in loader:
             keys += _keys(batch)
-    (out / f"{cfg['name']}-{cfg['phase']}.json").write_text(json.dumps(keys))
+    # Under torchrun (an elastic resume on more ranks) each rank writes its own file.
+    rank = f"-rank{os.environ['RANK']}" if "RANK" in os.environ else ""
+    (out / f"{cfg['name']}-{cfg['phase']}{rank}.json").write_text(json.dumps(keys))
 
 
 def main() -> None:

@@ -63,7 +63,10 @@ def _free_port() -> int:
 
 
 def _run(args: list[str], timeout: float) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(SCRIPT.parent.parent)}
+    # This checkout's sources first: the venv may hold another checkout's install.
+    root = SCRIPT.parent.parent
+    path = os.pathsep.join([str(root / "src"), str(root)])
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
     proc = subprocess.run(
         args, env=env, capture_output=True, text=True, timeout=timeout, check=False
     )
@@ -166,3 +169,63 @@ def test_resume_map_style_in_a_new_process(http_server: ObjectServer, tmp_path: 
     http_server.jitter = 0.03
     config = {"mode": "resume", "name": "map", "dataset": "map", "urls": urls, "batch_size": 6}
     _check_resume(config, names, tmp_path, stop_after=4)
+
+
+def _torchrun(config: dict[str, Any], tmp_path: Path, nproc: int, timeout: float) -> None:
+    path = tmp_path / f"config-{config['name']}-{config['phase']}.json"
+    path.write_text(json.dumps(config))
+    args = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}"]
+    args += ["--master_addr=127.0.0.1", f"--master_port={_free_port()}", str(SCRIPT), str(path)]
+    _run(args, timeout)
+
+
+def _check_one_rank_to_two(
+    config: dict[str, Any], everything: list[str], tmp_path: Path, stop_after: int
+) -> None:
+    """A checkpoint of one rank resumed by two ranks (torchrun): the epoch exactly once."""
+    _run_script({**config, "phase": "first", "stop_after": stop_after}, tmp_path)
+    _torchrun({**config, "phase": "rest"}, tmp_path, 2, timeout=100)
+    first = json.loads((tmp_path / f"{config['name']}-first.json").read_text())
+    ranks = [
+        json.loads((tmp_path / f"{config['name']}-rest-rank{r}.json").read_text()) for r in (0, 1)
+    ]
+    assert len(first) == stop_after * config["batch_size"]
+    assert all(ranks), "a rank got nothing of the rest"
+    delivered = first + ranks[0] + ranks[1]
+    assert len(delivered) == len(set(delivered)), "samples repeated after the restore"
+    assert sorted(delivered) == sorted(everything), "samples lost across the restore"
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("shuffle_buffer", [0, 10])
+def test_resume_tar_shards_one_rank_to_two(
+    http_server: ObjectServer, tmp_path: Path, shuffle_buffer: int
+) -> None:
+    shards = _shards(6, 14, "e")
+    urls = [http_server.put(k, v) for k, v in shards.items()]
+    http_server.jitter = 0.02
+    config = {
+        "mode": "resume",
+        "name": "tar-elastic",
+        "dataset": "tar",
+        "urls": urls,
+        "batch_size": 5,
+        "shuffle_buffer": shuffle_buffer,
+        "seed": 11,
+        "chunk_size": 700,
+    }
+    _check_one_rank_to_two(config, _all_keys(shards), tmp_path, stop_after=5)
+
+
+@pytest.mark.timeout(150)
+def test_resume_map_style_one_rank_to_two(http_server: ObjectServer, tmp_path: Path) -> None:
+    names = [f"obj-{i:03d}" for i in range(90)]
+    urls = [http_server.put(f"me/{n}", n.encode()) for n in names]
+    config = {
+        "mode": "resume",
+        "name": "map-elastic",
+        "dataset": "map",
+        "urls": urls,
+        "batch_size": 6,
+    }
+    _check_one_rank_to_two(config, names, tmp_path, stop_after=4)

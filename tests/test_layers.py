@@ -27,6 +27,7 @@ LAYERS: dict[str, int] = {
     "_budget": 1,  # the per-sample error budget
     "_fingerprint": 1,  # what a checkpoint depends on
     "_elastic": 1,  # resume across world sizes
+    "_elastic_iter": 1,  # iterable datasets re-dealt over other readers
     "_spec": 1,
     "_lookahead": 1,
     "_datapipes": 1,

@@ -20,6 +20,7 @@ from __future__ import annotations
 from ._cache import CacheWarning
 from ._context import AsyncloadWarning
 from ._dataset import Dataset, IterableDataset
+from ._elastic_iter import ElasticIterable, merge_state_dicts
 from ._exceptions import (
     ArchiveError,
     BatchTimeout,
@@ -71,6 +72,7 @@ __all__ = [
     "ConnectError",
     "DataLoader",
     "Dataset",
+    "ElasticIterable",
     "Hedge",
     "IncompleteRead",
     "InvalidURL",
@@ -103,6 +105,7 @@ __all__ = [
     "get_worker_info",
     "list_files",
     "list_files_async",
+    "merge_state_dicts",
     "read",
     "read_sync",
     "redact_url",

@@ -59,7 +59,9 @@ class Dispatch:
             self._progress = Progress(self._num_workers)
         elif spec.is_iterable:  # only the per-worker counts matter; ordinals restart at 0
             self._progress = Progress(
-                self._num_workers, worker_batches=list(resume.progress.worker_batches)
+                self._num_workers,
+                worker_batches=list(resume.progress.worker_batches),
+                delivered=resume.progress.delivered.copy(),
             )
         else:
             self._progress = resume.progress
@@ -192,7 +194,11 @@ class Dispatch:
 
     def _unwrap(self, msg: Result | Failure) -> Any:
         # A failed batch counts as consumed: the training loop saw its error.
-        self._progress.mark(msg.send_idx, msg.worker_id if self.spec.is_iterable else None)
+        self._progress.mark(
+            msg.send_idx,
+            msg.worker_id if self.spec.is_iterable else None,
+            msg.tags if isinstance(msg, Result) else (),
+        )
         if isinstance(msg, Failure):
             return msg  # raised by __next__, after this bookkeeping
         return msg.data

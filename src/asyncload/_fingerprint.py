@@ -5,7 +5,8 @@ means the same samples only if the loader that resumes it batches and orders the
 way. ``fingerprint`` lists those facts; ``check`` compares a saved list with the current one and
 raises ``ValueError`` naming every fact that differs, with both values.
 
-What may change across a resume: ``num_workers`` (map-style), ``in_order``, ``timeout``,
+What may change across a resume: ``num_workers`` (map-style, and iterable datasets that can be
+re-dealt, ``_elastic_iter``), ``in_order``, ``timeout``,
 ``max_concurrency``, ``prefetch_factor``, ``pin_memory``, and the world size when the loader
 added the ``DistributedSampler`` itself (``auto_shard``; see ``_elastic.py``). What may not:
 the fields below.
@@ -17,6 +18,8 @@ from typing import Any
 
 import torch
 import torch.utils.data
+
+from ._elastic_iter import ElasticIterable
 
 __all__ = ["check", "fingerprint"]
 
@@ -58,6 +61,8 @@ def fingerprint(loader: Any, *, auto_sharded: bool) -> dict[str, Any]:
     )
     if iterable:
         facts["dataset seed"] = _seed(dataset)
+        # TarShards: the shard list (a digest); other ElasticIterable datasets: their own key.
+        facts["data"] = dataset.elastic_key() if isinstance(dataset, ElasticIterable) else None
         return facts
     sampler = loader.sampler
     # The loader's own sampler is a DistributedSampler under torchrun and torch's default
@@ -91,6 +96,7 @@ def check(saved: dict[str, Any] | None, current: dict[str, Any]) -> None:
             "this state_dict was saved from a loader that batches or orders the data "
             "differently, so resuming it would skip or repeat samples: "
             + "; ".join(diffs)
-            + ". Build the loader with the same dataset, batch_size, drop_last, sampler and "
-            "seed as the one that saved it (num_workers may differ)."
+            + ". Build the loader with the same dataset (for TarShards, the same shard URLs), "
+            "batch_size, drop_last, sampler and seed as the one that saved it (num_workers "
+            "may differ)."
         )

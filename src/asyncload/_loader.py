@@ -23,7 +23,7 @@ from typing import Any, Generic, Literal, TypeVar
 import torch
 import torch.utils.data
 
-from . import _budget, _elastic, _fingerprint, _sharding, _stats
+from . import _budget, _elastic, _elastic_iter, _fingerprint, _sharding, _stats
 from ._context import start_early
 from ._lookahead import DEFAULT_PREFETCH_BYTES
 from ._pass import Pass, State
@@ -142,6 +142,9 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
         self._rank, self._world = rank, world
         self._deal: _elastic.Remainder | None = None  # the next pass's re-deal (one-shot)
         self._pass_deal: _elastic.Remainder | None = None  # the current pass's
+        # The same for an iterable dataset's units (_elastic_iter).
+        self._iter_deal: _elastic_iter.ReaderDeal | None = None
+        self._pass_iter_deal: _elastic_iter.ReaderDeal | None = None
         if (
             auto_shard
             and world > 1
@@ -243,6 +246,10 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
                     deal, self.batch_size or 1, self.drop_last
                 )
             spec = dataclasses.replace(spec, index_sampler=index_sampler, persistent=False)
+        self._pass_iter_deal, self._iter_deal = self._iter_deal, None
+        if self._pass_iter_deal is not None:  # this pass reads what is left, re-dealt
+            plans = self._pass_iter_deal.plans
+            spec = dataclasses.replace(spec, reader_plans=plans, persistent=False)
         it = Pass(spec, resume=resume, len_reported=self._IterableDataset_len_called)
         self._tally = it.tally
         self._live_pass = weakref.ref(it)
@@ -285,6 +292,18 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
             pos = _elastic.position(self, state, self._pass_deal if live else self._deal)
             if pos is not None:
                 state["position"] = pos.to_dict()
+        elif state["iterable"] and not state["finished"] and _elastic_iter.supports(self.dataset):
+            live = self._live_pass is not None and self._live_pass() is not None
+            readers = _elastic_iter.readers_state(
+                self.dataset,
+                self._pass_iter_deal if live else self._iter_deal,
+                rank=self._rank,
+                world_size=self._world,
+                num_workers=self.num_workers,
+            )
+            state["readers"] = readers
+            delivered = _elastic_iter.Delivered.from_plain(state["delivered"])
+            state["delivered"] = delivered.to_plain(keep=readers["units"])
         state["fingerprint"] = _fingerprint.fingerprint(self, auto_sharded=self._elastic_ok)
         return state
 
@@ -308,8 +327,11 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue the pass recorded by ``state_dict`` at the next ``iter(loader)``.
 
-        Build the loader with the same dataset, sampler arguments and generator seed; for an
-        iterable dataset also the same ``num_workers``.
+        Build the loader with the same dataset, sampler arguments and generator seed. For an
+        iterable dataset also the same ``num_workers`` and world size, unless it can be
+        re-dealt (``TarShards``, any ``asyncload.ElasticIterable``): then what is left of the
+        epoch is dealt over the new readers (with another world size, load
+        ``asyncload.merge_state_dicts`` of every rank's checkpoint).
 
         Raises:
             ValueError: The checkpoint was saved from a loader with another ``batch_size``,
@@ -320,16 +342,26 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
             state.get("fingerprint") if isinstance(state, dict) else None,
             _fingerprint.fingerprint(self, auto_sharded=self._elastic_ok),
         )
+        iterable = isinstance(self.dataset, torch.utils.data.IterableDataset)
+        elastic = iterable and "readers" in state and _elastic_iter.supports(self.dataset)
         point = ResumePoint.from_dict(
-            state,
-            iterable=isinstance(self.dataset, torch.utils.data.IterableDataset),
-            num_workers=self.num_workers,
+            state, iterable=iterable, num_workers=self.num_workers, elastic=elastic
         )
         if point.epoch is not None and self._auto_epoch is not None:
             self._auto_epoch = point.epoch  # the next pass is that epoch again, then onwards
         elif point.epoch is not None:
             self.set_epoch(point.epoch)
         point, self._deal = _elastic.plan(self, state, point)
+        self._iter_deal = None
+        if elastic and not point.finished:
+            self._iter_deal = _elastic_iter.plan_resume(
+                state, rank=self._rank, world_size=self._world, num_workers=self.num_workers
+            )
+            if self._iter_deal is not None:  # the workers read their plans from the start
+                progress = Progress(
+                    max(1, self.num_workers), delivered=point.progress.delivered.copy()
+                )
+                point = dataclasses.replace(point, progress=progress)
         if self._persistent_pass is not None:  # its workers are mid-pass: start afresh
             self._persistent_pass.close()
             self._persistent_pass = None
@@ -343,7 +375,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
             self._auto_epoch += 1
         else:
             self._epoch_of_pass = self._epoch
-        if not (self.persistent_workers and self.num_workers > 0) or self._deal is not None:
+        redealt = self._deal is not None or self._iter_deal is not None
+        if not (self.persistent_workers and self.num_workers > 0) or redealt:
             return self._get_iterator()  # a re-dealt pass is never kept for the next epoch
         persistent = self._persistent_pass
         # A pass that ended in an error closed its workers: start new ones.

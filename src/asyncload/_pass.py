@@ -203,7 +203,13 @@ class Pass(Dispatch):
             epoch=epoch,
             rng=self._rng_state,
             base_seed=self._base_seed,
-            progress=Progress(p.num_workers, p.watermark, set(p.extra), list(p.worker_batches)),
+            progress=Progress(
+                p.num_workers,
+                p.watermark,
+                set(p.extra),
+                list(p.worker_batches),
+                p.delivered.copy(),
+            ),
             finished=self.state is State.EXHAUSTED,
         )
 

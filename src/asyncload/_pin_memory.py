@@ -7,6 +7,7 @@ thread-safe queue that the training loop reads (see NOTE [ Data flow and shutdow
 
 from __future__ import annotations
 
+import dataclasses
 import queue
 import threading
 from typing import Any
@@ -40,7 +41,8 @@ def pin(msg: Any, device: str) -> Any:
     except Exception as exc:
         where = f"in the pin-memory thread, pinning batch {msg.send_idx}"
         return Failure(msg.send_idx, msg.generation, msg.worker_id, RemoteError.capture(exc, where))
-    return Result(msg.send_idx, msg.generation, msg.worker_id, data, msg.stats)
+    # Everything else rides along: skipped samples, sample count, elastic tags.
+    return dataclasses.replace(msg, data=data)
 
 
 class PinMemoryThread:

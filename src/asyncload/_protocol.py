@@ -129,6 +129,8 @@ class Result:
     """``_budget.SkippedSample``s left out of this batch (``sample_errors='skip'/'warn'``)."""
     sample_count: int = -1
     """Samples in ``data`` when some may have been skipped (0: nothing to yield), else -1."""
+    tags: tuple[Any, ...] = ()
+    """Which samples the batch took, from a dataset that tags its items (``_elastic_iter``)."""
 
 
 @dataclass(frozen=True, slots=True)

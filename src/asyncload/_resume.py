@@ -6,6 +6,8 @@ worker's seed and position), so a checkpoint only has to record *where* the trai
 * map-style: the RNG state the pass's sampler started from, and which batch ordinals were
   yielded: a watermark below which all were, plus the few above it (``in_order=False``);
 * iterable: how many batches each worker has yielded; a resumed worker skips that many samples.
+  For a dataset that tags its items (``_elastic_iter``), also which samples of which unit
+  (shard) were delivered, so that another number of readers can take over the rest.
 
 Batches fetched but not yet yielded are not recorded, so they are fetched again after a restore:
 nothing is lost and nothing is repeated.
@@ -13,10 +15,13 @@ nothing is lost and nothing is repeated.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+from ._elastic_iter import Delivered, Tag
 
 __all__ = ["Progress", "ResumePoint", "capture_rng", "restore_rng"]
 
@@ -46,12 +51,15 @@ class Progress:
     """Ordinals at or above the watermark that were yielded (out of order)."""
     worker_batches: list[int] = field(default_factory=list)
     """Per worker, batches yielded (iterable datasets)."""
+    delivered: Delivered = field(default_factory=Delivered)
+    """Per unit, the samples yielded (iterable datasets that tag their items)."""
 
     def __post_init__(self) -> None:
         if not self.worker_batches:
             self.worker_batches = [0] * self.num_workers
 
-    def mark(self, ordinal: int, worker_id: int | None) -> None:
+    def mark(self, ordinal: int, worker_id: int | None, tags: Iterable[Tag] = ()) -> None:
+        self.delivered.note(tags)
         if worker_id is not None:
             self.worker_batches[worker_id] += 1
         if ordinal == self.watermark:
@@ -89,11 +97,16 @@ class ResumePoint:
             "watermark": self.progress.watermark,
             "extra": sorted(self.progress.extra),
             "worker_batches": list(self.progress.worker_batches),
+            "delivered": self.progress.delivered.to_plain(),
             "finished": self.finished,
         }
 
     @classmethod
-    def from_dict(cls, state: dict[str, Any], *, iterable: bool, num_workers: int) -> ResumePoint:
+    def from_dict(
+        cls, state: dict[str, Any], *, iterable: bool, num_workers: int, elastic: bool = False
+    ) -> ResumePoint:
+        """*elastic*: the dataset can be re-dealt (``_elastic_iter``), so another
+        ``num_workers`` is fine."""
         if not isinstance(state, dict) or state.get("asyncload_version") != _VERSION:
             raise ValueError(
                 "not an asyncload DataLoader state_dict (or from an incompatible version)"
@@ -101,13 +114,15 @@ class ResumePoint:
         if state["iterable"] != iterable:
             kind = "an iterable" if state["iterable"] else "a map-style"
             raise ValueError(f"this state_dict was saved from a loader over {kind} dataset")
-        if iterable and state["num_workers"] != num_workers:
+        if iterable and not elastic and state["num_workers"] != num_workers:
             raise ValueError(
-                f"this state_dict was saved with num_workers={state['num_workers']}; an "
-                "iterable dataset (TarShards, Mix or your own) resumes per worker, each "
-                "skipping the samples it had delivered, and cannot be re-dealt to another "
-                "number of workers, so build the loader with the same "
-                f"num_workers (got {num_workers})"
+                f"this state_dict was saved with num_workers={state['num_workers']}; this "
+                "iterable dataset resumes per worker, each skipping the samples it had "
+                "delivered, and cannot be re-dealt to another number of workers, so build the "
+                f"loader with the same num_workers (got {num_workers}). TarShards can be "
+                "re-dealt (not with samples_per_rank=); Mix cannot yet; a dataset of your own "
+                "can by implementing asyncload.ElasticIterable (elastic_key, elastic_units, "
+                "elastic_iter)"
             )
         n = max(1, num_workers)
         progress = Progress(
@@ -115,6 +130,7 @@ class ResumePoint:
             watermark=int(state["watermark"]),
             extra={int(i) for i in state["extra"]},
             worker_batches=[int(b) for b in state["worker_batches"]][:n] or [0] * n,
+            delivered=Delivered.from_plain(state.get("delivered")),
         )
         return cls(
             iterable=iterable,

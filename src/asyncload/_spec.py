@@ -40,6 +40,8 @@ class PassSpec:
     """Bytes finished-but-undelivered batches may hold beyond the fixed window (``_lookahead``)."""
 
     sample_errors: SampleErrorPolicy = _RAISE
+    reader_plans: tuple[Any, ...] | None = None
+    """Per worker, the units a re-dealt iterable pass reads (``_elastic_iter``)."""
 
 
 def spec_length(spec: PassSpec) -> int:

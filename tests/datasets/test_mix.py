@@ -133,3 +133,19 @@ def test_bad_arguments_say_what_is_wrong() -> None:
     with pytest.raises(TypeError, match="samples=N"):
         len(asyncload.Mix([Tagged("a", 1)]))
     assert len(asyncload.Mix([Tagged("a", 1)], samples=7)) == 7
+
+
+def test_another_num_workers_is_refused_and_the_error_says_why() -> None:
+    """Mix is not elastic yet (docs/guides/sharded-training.md): same num_workers only."""
+
+    def make(workers: int) -> asyncload.DataLoader[Any]:
+        mix = asyncload.Mix([Tagged("a", 40), TaggedStream("b", 40)], seed=9, stop="all")
+        return _load(mix, num_workers=workers)
+
+    it = iter(loader := make(1))
+    next(it)
+    state = loader.state_dict()
+    del it
+    assert "readers" not in state
+    with pytest.raises(ValueError, match=r"num_workers=1.*Mix cannot yet.*ElasticIterable"):
+        make(2).load_state_dict(state)

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .. import _datapipes, _metrics
+from .. import _datapipes, _elastic_iter, _metrics
 from .._budget import SkippedSample
 from .._dataset import batch_fetcher_for, fetcher_for
 from .._protocol import Failure, IndexTask, IterTask, RemoteError, Result
@@ -57,6 +57,9 @@ class WorkerConfig:
     """An ``IterDataPipe``'s shuffle seed, the same in every worker (torch's shared seed)."""
     skip_sample_errors: bool = False
     """Leave a failing sample out of its batch instead of failing the batch (``_budget``)."""
+    plan: Any = None
+    """The units this worker reads on its first pass, re-dealt from a checkpoint taken with
+    another number of readers (``_elastic_iter``); ``None``: its ordinary share."""
 
 
 class EngineCore:
@@ -93,6 +96,9 @@ class EngineCore:
         self._cancelling = False  # True while the engine itself cancels its tasks
         self._last_stats = 0.0
         self._skip = cfg.skip
+        self._plan = cfg.plan
+        # Items come with tags saying which sample they are, for elastic checkpoints.
+        self._tagged = cfg.is_iterable and _elastic_iter.supports(cfg.dataset)
         # torch's DataLoader shards a DataPipe across every worker of every rank, and seeds
         # its shuffles with a seed all workers share (a new one every pass).
         self._datapipe = _datapipes.Placement(
@@ -138,7 +144,11 @@ class EngineCore:
         )
 
     def _deliver(
-        self, send_idx: int, samples: Any, skipped: list[SkippedSample] | None = None
+        self,
+        send_idx: int,
+        samples: Any,
+        skipped: list[SkippedSample] | None = None,
+        tags: tuple[Any, ...] = (),
     ) -> None:
         count = -1  # samples in this batch, counted towards a fractional error budget
         if self.cfg.skip_sample_errors:  # an empty batch is not collated, only reported
@@ -159,6 +169,7 @@ class EngineCore:
                 stats,
                 tuple(skipped or ()),
                 count,
+                tags,
             )
         )
 

@@ -33,7 +33,11 @@ class IterFetching(EngineCore):
         ahead: asyncio.Queue[Any] = asyncio.Queue(maxsize=self.cfg.max_concurrency)
         end = object()
         skip, self._skip = self._skip, 0
-        it = _skipping(self.cfg.dataset, skip)
+        plan, self._plan = self._plan, None
+        if self._tagged:
+            it = self.cfg.dataset.elastic_iter(plan, skip)
+        else:
+            it = _skipping(self.cfg.dataset, skip)
         pump = asyncio.get_running_loop().create_task(self._pump(it, ahead, end))
         want = self.cfg.batch_size if self.cfg.auto_collation else 1
         exhausted = False
@@ -48,6 +52,7 @@ class IterFetching(EngineCore):
                 # Left-out samples still count towards the batch, so every batch takes the
                 # same number of items from the stream and a resume skips exactly that many.
                 skipped: list[SkippedSample] = []
+                tags: list[Any] = []
                 try:
                     while len(samples) + len(skipped) < (want or 1):
                         item = await ahead.get()
@@ -58,6 +63,9 @@ class IterFetching(EngineCore):
                             exhausted = True
                             raise item.exc
                         position += 1
+                        if self._tagged:
+                            tag, item = item
+                            tags.append(tag)
                         if isinstance(item, asyncio.Future):
                             try:
                                 item = await item
@@ -75,23 +83,28 @@ class IterFetching(EngineCore):
                     self._put(Exhausted(req.send_idx, self._generation, self.cfg.worker_id))
                     continue
                 if skipped:
-                    self._deliver(req.send_idx, samples, skipped)
+                    self._deliver(req.send_idx, samples, skipped, tuple(tags))
                     continue
-                self._deliver(req.send_idx, samples if self.cfg.auto_collation else samples[0])
+                self._deliver(
+                    req.send_idx,
+                    samples if self.cfg.auto_collation else samples[0],
+                    tags=tuple(tags),
+                )
         finally:
             pump.cancel()
             await asyncio.gather(pump, return_exceptions=True)
 
     async def _pump(self, it: AsyncIterator[Any], ahead: asyncio.Queue[Any], end: object) -> None:
         try:
-            async for item in it:
+            async for got in it:
+                tag, item = got if self._tagged else (None, got)
                 if inspect.isawaitable(item):
                     await self._sem.acquire()
                     self.recorder.in_flight += 1
-                    await ahead.put(self._spawn(self._await_one(item)))
+                    item = self._spawn(self._await_one(item))
                 else:
                     self.recorder.note_sample(0.0)
-                    await ahead.put(item)
+                await ahead.put((tag, item) if self._tagged else item)
         except (Exception, asyncio.CancelledError) as exc:
             await ahead.put(_Raised(self._as_failure(exc)))
             return

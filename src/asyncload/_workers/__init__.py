@@ -79,6 +79,7 @@ def start_workers(
             skip=skip,
             shared_seed=shared_seed,
             skip_sample_errors=spec.sample_errors.skips,
+            plan=spec.reader_plans[i] if spec.reader_plans is not None else None,
         )
         for i, skip in enumerate(skips)
     ]

@@ -15,9 +15,10 @@ live in ``_tar_pipeline``; this module holds the options, the shard assignment a
 
 from __future__ import annotations
 
+import hashlib
 import warnings
 from collections import Counter
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import aclosing
 from typing import Any, Literal
 
@@ -27,6 +28,7 @@ import numpy.typing as npt
 from .. import _storage
 from .._context import AsyncloadWarning
 from .._dataset import IterableDataset
+from .._elastic_iter import Tag, UnitPlan
 from .._exceptions import ArchiveError
 from .._redact import redact_url
 from .._sharding import get_worker_info, rank_and_world_size
@@ -232,12 +234,38 @@ class TarShards(IterableDataset[Sample]):
     def __aiter__(self) -> AsyncIterator[Sample]:
         return self.aiter_from(0)
 
-    async def aiter_from(self, skip: int) -> AsyncGenerator[Sample, None]:
+    def aiter_from(self, skip: int) -> AsyncGenerator[Sample, None]:
         """Iterate this reader's share, leaving out its first *skip* samples.
 
         Skipped samples are still streamed and parsed (shard sample counts are unknown) but
         never decoded. The loader calls this to resume an epoch.
         """
+        return self._read(None, skip, tagged=False)
+
+    # ── elastic resume (asyncload.ElasticIterable; see _elastic_iter) ──────────────────────
+
+    def elastic_key(self) -> str | None:
+        """The shard list, as a short digest; ``None`` with ``samples_per_rank`` (whose
+        re-reading of shards can't be re-dealt)."""
+        if self.samples_per_rank is not None:
+            return None
+        digest = hashlib.sha256("\n".join(self.urls).encode()).hexdigest()[:16]
+        return f"{len(self._urls)} shards, sha256 {digest}"
+
+    def elastic_units(self, rank: int, world_size: int, worker: int, num_workers: int) -> list[int]:
+        """The shards reader ``(rank, worker)`` reads this epoch (``shard_indices``)."""
+        return self.shard_indices(rank, world_size, worker, num_workers)
+
+    def elastic_iter(
+        self, plan: Sequence[UnitPlan] | None, skip: int
+    ) -> AsyncGenerator[tuple[Tag, Sample], None]:
+        """This reader's ``(tag, sample)`` pairs: its share without its first *skip* samples,
+        or the shards of *plan* without the samples it names (read, never decoded)."""
+        return self._read(plan, skip, tagged=True)
+
+    async def _read(
+        self, plan: Sequence[UnitPlan] | None, skip: int, *, tagged: bool
+    ) -> AsyncGenerator[Any, None]:
         if self.storage_options:
             _storage.configure_all(self.storage_options)
         info = get_worker_info()
@@ -246,36 +274,53 @@ class TarShards(IterableDataset[Sample]):
             worker, workers = 0, 1
         else:
             rank, world, worker, workers = info.rank, info.world_size, info.id, info.num_workers
-        shards = self.shard_indices(rank, world, worker, workers)
+        leave_out = None
+        if plan is not None:
+            shards = [int(unit) for unit, _, _ in plan]
+            leave_out = {int(u): (int(wm), frozenset(extras)) for u, wm, extras in plan}
+        else:
+            shards = self.shard_indices(rank, world, worker, workers)
+        stream: AsyncGenerator[Any, None]
         if self.samples_per_rank is None:
-            stream = self._interleaved(shards)
+            stream = self._interleaved(shards, tagged, leave_out)
         else:
             per, extra = divmod(self.samples_per_rank, workers)
             stream = capped(
-                lambda: self._interleaved(shards),
+                lambda: self._interleaved(shards, tagged, None),
                 per + (worker < extra),
                 empty=f"samples_per_rank={self.samples_per_rank}: shards {shards} hold no samples",
             )
         if self.shuffle_buffer > 1:
             rng = np.random.default_rng((self.seed, self.epoch, rank, world, worker, workers))
             stream = shuffled(stream, rng, self.shuffle_buffer)
+        decode: Callable[[Any], Any] = self._decode_tagged if tagged else self._decode_or_handle
         async with aclosing(stream) as raw:
             seen = 0
             if self.decode_in_thread:
-                async for sample in decode_in_pool(raw, skip, self._decode_or_handle):
+                async for sample in decode_in_pool(raw, skip, decode):
                     yield sample
                 return
             async for item in raw:
                 seen += 1
                 if seen <= skip:
                     continue
-                decoded = self._decode_or_handle(item)
+                decoded = decode(item)
                 if decoded is not None:
                     yield decoded
 
-    def _interleaved(self, shards: list[int]) -> AsyncGenerator[Sample, None]:
+    def _interleaved(
+        self,
+        shards: list[int],
+        tagged: bool,
+        leave_out: dict[int, tuple[int, frozenset[int]]] | None,
+    ) -> AsyncGenerator[Any, None]:
         return interleaved(
-            shards, width=self.shards_in_flight, open_one=self._open, carry_on=self._carry_on
+            shards,
+            width=self.shards_in_flight,
+            open_one=self._open,
+            carry_on=self._carry_on,
+            tagged=tagged,
+            leave_out=leave_out,
         )
 
     def _open(self, sid: int) -> OpenShard:
@@ -306,6 +351,10 @@ class TarShards(IterableDataset[Sample]):
         if callable(self.decoders):
             return self.decoders(sample)
         return decode_fields(sample, self._table)
+
+    def _decode_tagged(self, item: tuple[Tag, Sample]) -> tuple[Tag, Sample] | None:
+        decoded = self._decode_or_handle(item[1])
+        return None if decoded is None else (item[0], decoded)
 
     def _decode_or_handle(self, sample: Sample) -> Sample | None:
         try:

@@ -15,7 +15,7 @@ import asyncio
 import collections
 import os
 from collections import Counter
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from contextlib import aclosing
 from typing import Any, cast
 
@@ -112,22 +112,39 @@ async def _produce(
 
 
 async def interleaved(
-    shards: list[int], *, width: int, open_one: Callable[[int], OpenShard], carry_on: CarryOn
-) -> AsyncGenerator[Sample, None]:
+    shards: list[int],
+    *,
+    width: int,
+    open_one: Callable[[int], OpenShard],
+    carry_on: CarryOn,
+    tagged: bool = False,
+    leave_out: Mapping[int, tuple[int, frozenset[int]]] | None = None,
+) -> AsyncGenerator[Any, None]:
     """One sample from each of *width* open shards in turn, in shard order.
 
     The next shards are opened ahead so their first bytes are there when a slot frees up;
     a finished shard's slot goes to the next shard, so the order depends on data alone.
+
+    *tagged*: yield ``(tag, sample)``, the tag as ``_elastic_iter`` defines it. *leave_out*:
+    per shard, ``(watermark, extras)``: offsets below the watermark and in extras are read but
+    not yielded (delivered before a checkpoint).
     """
     pending = collections.deque(shards)
     window: list[OpenShard] = []
     ahead: collections.deque[OpenShard] = collections.deque()
+    where: dict[int, list[int]] = {}  # id(open shard) -> [shard id, next offset]
+    ended: list[tuple[int, int]] = []  # shards finished since the last tagged item
+
+    def opened(sid: int) -> OpenShard:
+        shard = open_one(sid)
+        where[id(shard)] = [sid, 0]
+        return shard
 
     def refill() -> None:
         while pending and len(window) < width:
-            window.append(ahead.popleft() if ahead else open_one(pending.popleft()))
+            window.append(ahead.popleft() if ahead else opened(pending.popleft()))
         while pending and len(ahead) < width:
-            ahead.append(open_one(pending.popleft()))
+            ahead.append(opened(pending.popleft()))
 
     try:
         refill()
@@ -137,12 +154,25 @@ async def interleaved(
             shard = window[i]
             item = await shard.channel.get()
             if isinstance(item, dict):
-                yield item
+                pos = where[id(shard)]
+                offset = pos[1]
+                pos[1] += 1
+                if leave_out is not None and pos[0] in leave_out:
+                    watermark, extras = leave_out[pos[0]]
+                    if offset < watermark or offset in extras:
+                        continue  # delivered before the checkpoint; the same shard goes on
+                if tagged:
+                    yield (pos[0], offset, tuple(ended)), item
+                    ended.clear()
+                else:
+                    yield item
                 i += 1
                 continue
             if isinstance(item, Failed):
                 if item.handled or not carry_on(item.exc):
                     raise item.exc
+            sid, size = where.pop(id(shard))
+            ended.append((sid, size))
             # This shard is done: its slot goes to the next one, taken right away.
             if ahead:
                 window[i] = ahead.popleft()
@@ -174,10 +204,10 @@ async def capped(
 
 
 async def shuffled(
-    stream: AsyncGenerator[Sample, None], rng: np.random.Generator, buffer: int
-) -> AsyncGenerator[Sample, None]:
+    stream: AsyncGenerator[Any, None], rng: np.random.Generator, buffer: int
+) -> AsyncGenerator[Any, None]:
     """*stream* mixed in a buffer of *buffer* samples, drawing from *rng*."""
-    buf: list[Sample] = []
+    buf: list[Any] = []
     draws = rng.random(1024)
     d = 0
     async with aclosing(stream) as it:
@@ -196,13 +226,13 @@ async def shuffled(
 
 
 async def decode_in_pool(
-    raw: AsyncIterator[Sample], skip: int, decode: Callable[[Sample], Sample | None]
-) -> AsyncGenerator[Sample, None]:
+    raw: AsyncIterator[Any], skip: int, decode: Callable[[Any], Any]
+) -> AsyncGenerator[Any, None]:
     """*raw* after its first *skip* samples, decoded in the loop's thread pool, in order."""
     # Up to this many decodes run in the pool while parsing goes on; results keep their order.
     loop = asyncio.get_running_loop()
     limit = min(32, (os.cpu_count() or 1) * 2)
-    running: collections.deque[asyncio.Future[Sample | None]] = collections.deque()
+    running: collections.deque[asyncio.Future[Any]] = collections.deque()
     seen = 0
     try:
         async for item in raw:
