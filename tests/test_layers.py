@@ -64,6 +64,7 @@ LAYERS: dict[str, int] = {
     "_dispatch": 6,  # the pass's traffic with its workers: dispatch, reorder, timeout
     # 7: the loader
     "_loader": 7,
+    "_checkpoint": 7,  # the loader's state_dict / load_state_dict
     # 8: the facade and the tools on top
     "__init__": 8,
     "__main__": 8,

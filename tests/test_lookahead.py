@@ -120,14 +120,15 @@ class Straggler(asyncload.Dataset[int]):
 @pytest.mark.parametrize("in_order", [True, False])
 def test_a_straggling_sample_does_not_stop_later_batches(in_order: bool) -> None:
     # max_concurrency=4, batch 4: a fixed window of 2 batches would let at most 7 other
-    # samples finish while sample 0 waits.
-    data = Straggler(64, wait_for=40)
+    # samples finish while sample 0 waits. It waits for all 63 others, so its batch is
+    # finished last whatever the timing (in_order=False then yields it last).
+    data = Straggler(64, wait_for=63)
     loader = asyncload.DataLoader(
         data, batch_size=4, num_workers=0, max_concurrency=4, collate_fn=list, in_order=in_order
     )
     got = list(loader)
     assert data.seen_while_waiting is not None
-    assert data.seen_while_waiting >= 40
+    assert data.seen_while_waiting == 63
     expected = [list(range(k, k + 4)) for k in range(0, 64, 4)]
     if in_order:
         assert got == expected

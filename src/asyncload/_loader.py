@@ -1,8 +1,8 @@
 """``asyncload.DataLoader``: torch's DataLoader, with an event loop in every worker.
 
-The loader holds torch's arguments, counts epochs, saves and loads checkpoints, and starts
-passes: it resolves its settings into a frozen ``_pass.PassSpec`` and hands
-that, with the resume point, to a ``_pass.Pass``, which does the rest
+The loader holds torch's arguments, counts epochs, saves and loads checkpoints (``_checkpoint``),
+and starts passes: it resolves its settings into a frozen ``_pass.PassSpec`` and hands that,
+with the resume point, to a ``_pass.Pass``, which does the rest
 (``_pass.py``). With persistent workers it keeps that pass and restarts it every epoch; the
 workers belong to the pass, so a temporary loader (``for b in DataLoader(...)``) is fine.
 """
@@ -23,12 +23,12 @@ from typing import Any, Generic, Literal, TypeVar
 import torch
 import torch.utils.data
 
-from . import _budget, _elastic, _elastic_iter, _fingerprint, _sharding, _stats
+from . import _budget, _checkpoint, _elastic, _elastic_iter, _sharding, _stats
 from ._context import start_early
 from ._lookahead import DEFAULT_PREFETCH_BYTES
 from ._pass import Pass, State
 from ._pin_memory import accelerator_device
-from ._resume import Progress, ResumePoint, capture_rng
+from ._resume import ResumePoint
 from ._spec import PassSpec
 
 __all__ = ["DataLoader"]
@@ -286,43 +286,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
             >>> for batch in loader:  # the rest of the interrupted epoch  # doctest: +SKIP
             ...     ...
         """
-        state = self._state_dict()
-        if self._elastic_ok:
-            live = self._live_pass is not None and self._live_pass() is not None
-            pos = _elastic.position(self, state, self._pass_deal if live else self._deal)
-            if pos is not None:
-                state["position"] = pos.to_dict()
-        elif state["iterable"] and not state["finished"] and _elastic_iter.supports(self.dataset):
-            live = self._live_pass is not None and self._live_pass() is not None
-            readers = _elastic_iter.readers_state(
-                self.dataset,
-                self._pass_iter_deal if live else self._iter_deal,
-                rank=self._rank,
-                world_size=self._world,
-                num_workers=self.num_workers,
-            )
-            state["readers"] = readers
-            delivered = _elastic_iter.Delivered.from_plain(state["delivered"])
-            state["delivered"] = delivered.to_plain(keep=readers["units"])
-        state["fingerprint"] = _fingerprint.fingerprint(self, auto_sharded=self._elastic_ok)
-        return state
-
-    def _state_dict(self) -> dict[str, Any]:
-        it = self._live_pass() if self._live_pass is not None else None
-        if it is None:
-            if self._resume is not None:
-                return self._resume.to_dict()
-            it_point = ResumePoint(
-                iterable=isinstance(self.dataset, torch.utils.data.IterableDataset),
-                num_workers=self.num_workers,
-                epoch=self._epoch,
-                rng=capture_rng(self.generator),
-                base_seed=0,
-                progress=Progress(max(1, self.num_workers)),
-                finished=True,
-            )
-            return it_point.to_dict()
-        return it.checkpoint(self._epoch_of_pass).to_dict()
+        return _checkpoint.save(self)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue the pass recorded by ``state_dict`` at the next ``iter(loader)``.
@@ -338,35 +302,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
                 ``drop_last``, dataset length, sampler (kind, length, shuffle) or seed; the
                 message names each difference with both values.
         """
-        _fingerprint.check(
-            state.get("fingerprint") if isinstance(state, dict) else None,
-            _fingerprint.fingerprint(self, auto_sharded=self._elastic_ok),
-        )
-        iterable = isinstance(self.dataset, torch.utils.data.IterableDataset)
-        elastic = iterable and "readers" in state and _elastic_iter.supports(self.dataset)
-        point = ResumePoint.from_dict(
-            state, iterable=iterable, num_workers=self.num_workers, elastic=elastic
-        )
-        if point.epoch is not None and self._auto_epoch is not None:
-            self._auto_epoch = point.epoch  # the next pass is that epoch again, then onwards
-        elif point.epoch is not None:
-            self.set_epoch(point.epoch)
-        point, self._deal = _elastic.plan(self, state, point)
-        self._iter_deal = None
-        if elastic and not point.finished:
-            self._iter_deal = _elastic_iter.plan_resume(
-                state, rank=self._rank, world_size=self._world, num_workers=self.num_workers
-            )
-            if self._iter_deal is not None:  # the workers read their plans from the start
-                progress = Progress(
-                    max(1, self.num_workers), delivered=point.progress.delivered.copy()
-                )
-                point = dataclasses.replace(point, progress=progress)
-        if self._persistent_pass is not None:  # its workers are mid-pass: start afresh
-            self._persistent_pass.close()
-            self._persistent_pass = None
-        self._resume = None if point.finished else point
-        self._live_pass = None  # state_dict() now reports what was loaded, not an old pass
+        _checkpoint.load(self, state)
 
     def __iter__(self) -> Pass:  # type: ignore[override]
         if self._auto_epoch is not None:
