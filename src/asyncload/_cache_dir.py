@@ -95,13 +95,11 @@ class CacheDir:
     def read(self, key: str, start: int | None, end: int | None, most: int) -> bytes | int | None:
         """Bytes ``[start, end)`` of a complete entry in one call (open, check, read, close:
         the hit path), ``None`` when there is none, or the byte count when it exceeds *most*."""
-        path = self.path(key)
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError:
+        found = self.open(key)
+        if found is None:
             return None
+        fd, offset, size, _ = found
         try:
-            offset, size, _ = self._check(fd)
             if start is None and end is None:  # the usual case: the whole object
                 first, n = 0, size
             else:
@@ -111,8 +109,8 @@ class CacheDir:
                 return n
             data = os.pread(fd, n, offset + first)
             return data if len(data) == n else None
-        except (OSError, ValueError, struct.error):
-            unlink(path)
+        except OSError:
+            unlink(self.path(key))
             return None
         finally:
             os.close(fd)
