@@ -92,3 +92,34 @@ def test_a_pass_teaches_the_next_one(http_server: ObjectServer) -> None:
     )
     assert sum(len(b) for b in loader) == len(urls)
     assert _pacing.learned()[_key(http_server)] > _pacing.BURST
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(30)
+async def test_waiting_requests_take_returned_connections_first_come_first_served(
+    http_server: ObjectServer,
+) -> None:
+    # 40 reads wait behind a new host's slow start. A read that comes after the first round's
+    # connections went back to the pool must queue behind them, not take one of those idle
+    # connections ahead of reads that have waited a whole round trip (a loader's head batch
+    # asks first: its samples must not be overtaken by later batches').
+    urls = [http_server.put(f"{i}.bin", bytes([i]) * 100) for i in range(40)]
+    late = http_server.put("late.bin", b"late")
+    http_server.latency = LATENCY
+    _storage.configure(http_server.url, hedge=None)  # a hedge would be one more request
+    _storage.set_pool_size(64)
+    reads = asyncio.gather(*(asyncload.read(u) for u in urls))
+    deadline = time.monotonic() + 10
+    while sum(http_server.hits.values()) <= _pacing.BURST:  # the second round has begun
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.005)
+    try:
+        assert await asyncload.read(late) == b"late"
+        assert await reads == [bytes([i]) * 100 for i in range(40)]
+    finally:
+        await _storage.aclose()
+    # The first two rounds (4 new connections, then those 4 again and 12 new ones) went to the
+    # 20 oldest reads; the late read waited its turn behind the rest.
+    first_rounds = http_server.raw_paths[: _pacing.BURST * 5]
+    assert sorted(first_rounds) == sorted(f"/{i}.bin" for i in range(20)), first_rounds
+    assert sorted(http_server.raw_paths) == sorted([*(f"/{i}.bin" for i in range(40)), "/late.bin"])

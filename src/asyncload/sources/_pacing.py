@@ -81,7 +81,7 @@ def _remember(key: str, n: int) -> None:
 
 
 class _Host:
-    __slots__ = ("key", "most", "pending", "proven", "trusted", "unproven", "waiters")
+    __slots__ = ("key", "most", "pending", "proven", "trusted", "unproven", "waiters", "woken")
 
     def __init__(self, key: str) -> None:
         self.key = key
@@ -91,6 +91,7 @@ class _Host:
         self.most = 0  # the most proven connections held at once
         self.trusted = min(_learned.get(key, 0), TRUSTED_BURST)
         self.waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self.woken = 0  # waiters told to go that have not run yet: they keep their turn
 
     def limit(self, burst: int) -> int:
         # Slow start: every kept-alive connection the server has answered on earns two more
@@ -98,6 +99,10 @@ class _Host:
         # closes after each response (HTTP/1.0, http.server) stays at `burst`.
         self.proven = {p for p in self.proven if p.is_connected() and not p.should_close}
         return max(burst + 2 * len(self.proven), self.trusted)
+
+    def room(self, burst: int) -> int:
+        """New connections that may be opened now."""
+        return self.limit(burst) - self.pending - len(self.unproven)
 
     def proved(self, proto: Any) -> None:
         self.proven.add(proto)
@@ -107,17 +112,24 @@ class _Host:
             self.most = len(self.proven)
             _remember(self.key, self.most)
 
-    def wake(self, burst: int) -> None:
-        room = self.limit(burst) - self.pending - len(self.unproven)
-        while room > 0 and self.waiters:
+    def wake(self, n: int) -> None:
+        """Let the first *n* waiters go, in the order they came."""
+        while n > 0 and self.waiters:
             waiter = self.waiters.popleft()
             if not waiter.done():
                 waiter.set_result(None)
-                room -= 1
+                self.woken += 1
+                n -= 1
 
 
 class PacedConnector(aiohttp.TCPConnector):
     """A ``aiohttp.TCPConnector`` that paces new connections per host (see module doc).
+
+    Requests that find neither an idle kept-alive connection nor room for a new one wait in
+    line, first come first served: a connection the server gives back goes to the request that
+    has waited longest, not to whichever request happens to ask next. (A loader asks for its
+    samples in batch order, so the head batch is not starved by later ones while the pool is
+    still growing.)
 
     Examples:
         >>> connector = PacedConnector(limit=64)  # doctest: +SKIP
@@ -129,46 +141,86 @@ class PacedConnector(aiohttp.TCPConnector):
         self._pace_burst = burst
         self._pace_grace = grace
         self._pace_hosts: dict[tuple[str, int | None], _Host] = {}
-        self._pace_host_of: dict[Any, _Host] = {}  # unproven protocol -> its host
+        # unproven protocol -> its host and connection key
+        self._pace_host_of: dict[Any, tuple[_Host, Any]] = {}
+
+    def _pace_host(self, host_name: str, port: int | None) -> _Host:
+        host = self._pace_hosts.get((host_name, port))
+        if host is None:
+            host = self._pace_hosts[host_name, port] = _Host(f"{host_name}:{port}")
+        return host
+
+    def _pace_can_go(self, key: Any, host: _Host) -> bool:
+        return bool(self._conns.get(key)) or host.room(self._pace_burst) > 0
+
+    async def connect(self, req: Any, traces: Any, timeout: Any) -> Any:
+        key = req.connection_key
+        host = self._pace_host(req.host, req.port)
+        if host.waiters or host.woken or not self._pace_can_go(key, host):
+            await self._pace_wait(key, host, first=False)
+            while not self._pace_can_go(key, host):  # woken, then beaten to it: keep the turn
+                await self._pace_wait(key, host, first=True)
+            self._pace_wake(key, host)  # room for more than this one: pass it down the line
+        return await super().connect(req, traces, timeout)
+
+    async def _pace_wait(self, key: Any, host: _Host, *, first: bool) -> None:
+        waiter = asyncio.get_running_loop().create_future()
+        if first:
+            host.waiters.appendleft(waiter)
+        else:
+            host.waiters.append(waiter)
+        try:
+            await waiter
+        except BaseException:
+            if waiter.done() and not waiter.cancelled():  # woken, then cancelled
+                host.woken -= 1
+                self._pace_wake(key, host)  # pass on the turn it was given
+            else:
+                waiter.cancel()
+            raise
+        host.woken -= 1
 
     async def _create_connection(self, req: Any, traces: Any, timeout: Any) -> Any:
-        key = (req.host, req.port)
-        host = self._pace_hosts.get(key)
-        if host is None:
-            host = self._pace_hosts[key] = _Host(f"{req.host}:{req.port}")
-        while host.waiters or host.pending + len(host.unproven) >= host.limit(self._pace_burst):
-            waiter = asyncio.get_running_loop().create_future()
-            host.waiters.append(waiter)
-            try:
-                await waiter
-            except BaseException:
-                waiter.cancel()
-                host.wake(self._pace_burst)  # pass on a wake-up this waiter may have taken
-                raise
-            if host.pending + len(host.unproven) < host.limit(self._pace_burst):
-                break
+        key = req.connection_key
+        host = self._pace_host(req.host, req.port)
+        # connect() kept the line; this only holds a request whose idle connection was stale.
+        while host.room(self._pace_burst) <= 0:
+            await self._pace_wait(key, host, first=True)
         host.pending += 1
         try:
             proto = await super()._create_connection(req, traces, timeout)
         except BaseException:
             host.pending -= 1
-            host.wake(self._pace_burst)
+            self._pace_wake(key, host)
             raise
         host.pending -= 1
         host.unproven[proto] = asyncio.get_running_loop().call_later(
             self._pace_grace, self._pace_release, proto, False
         )
-        self._pace_host_of[proto] = host
+        self._pace_host_of[proto] = (host, key)
         return proto
 
+    def _pace_wake(self, key: Any, host: _Host) -> None:
+        """Wake as many waiters as there are idle connections and room for new ones."""
+        if host.waiters:
+            idle = len(self._conns.get(key, ()))
+            host.wake(max(host.room(self._pace_burst), 0) + idle - host.woken)
+
+    def _release(self, key: Any, protocol: Any, *, should_close: bool = False) -> None:
+        super()._release(key, protocol, should_close=should_close)
+        host = self._pace_hosts.get((key.host, key.port))
+        if host is not None:
+            self._pace_wake(key, host)  # a kept-alive connection may be back in the pool
+
     def _pace_release(self, proto: Any, answered: bool) -> None:
-        host = self._pace_host_of.pop(proto, None)
-        if host is None:
+        found = self._pace_host_of.pop(proto, None)
+        if found is None:
             return
+        host, key = found
         host.unproven.pop(proto).cancel()
         if answered:
             host.proved(proto)
-        host.wake(self._pace_burst)
+        self._pace_wake(key, host)
 
     def settle(self, response: aiohttp.ClientResponse) -> None:
         """The server answered *response*: its connection stops holding a slot."""
