@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import gc
 import os
@@ -402,6 +403,29 @@ def test_batches_of_bytes_from_workers_arrive_whole() -> None:
     for epoch in range(2):
         seen = [blob for batch in loader for blob in batch]
         assert seen == [i.to_bytes(4, "little") * 25_000 for i in range(96)], epoch
+
+
+class SmallBlobs(asyncload.Dataset[bytes]):
+    def __len__(self) -> int:
+        return 3200
+
+    async def __getitem__(self, index: int) -> bytes:
+        await asyncio.sleep(0.01)  # a remote read: the training loop keeps up
+        return index.to_bytes(4, "little") * 10_000
+
+
+def test_blocks_go_back_to_their_worker_without_waiting_for_a_task() -> None:
+    # All 400 batches are sent at once (the look-ahead allows it), so no task carries the
+    # main process's releases back: they travel on their own, and each worker cycles
+    # through a few blocks instead of mapping one per batch it stashes.
+    loader = asyncload.DataLoader(
+        SmallBlobs(), batch_size=8, num_workers=2, collate_fn=list, max_concurrency=16
+    )
+    most = 0
+    for k, batch in enumerate(loader):
+        assert batch[0] == (8 * k).to_bytes(4, "little") * 10_000
+        most = max(most, mapped_blocks())
+    assert 0 < most <= 2 * 24, most
 
 
 def test_a_batch_outlives_its_killed_worker() -> None:

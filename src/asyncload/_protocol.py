@@ -23,7 +23,9 @@ Where a reply is unpacked (its shared memory mapped) and pinned, one place per k
 * ``ProcessWorkers``, no pinning: unpacked in ``get()``, on the training thread;
 * ``ThreadWorkers`` (``num_workers=0``): nothing to unpack; pinned in ``get()``.
 
-Every send is answered by exactly one reply carrying the same ``send_idx``: a ``Result``, a
+Between tasks, ``(freed, None)`` carries only releases, once a few have gathered (the
+look-ahead may send no task for many batches). Every send is answered by exactly one reply
+carrying the same ``send_idx``: a ``Result``, a
 ``Failure`` or (iterable datasets) ``Exhausted``. The main process therefore knows at all times
 which tasks are outstanding on which worker.
 

@@ -29,6 +29,7 @@ import torch
 
 __all__ = [
     "forget_blocks",
+    "freed_uses",
     "load_stashed",
     "map_blocks",
     "register_token",
@@ -58,6 +59,11 @@ def unregister_token(token: str) -> None:
     with _main_lock:
         _maps.pop(token, None)
         _freed.pop(token, None)
+
+
+def freed_uses(token: str) -> int:
+    """How many uses of *token*'s blocks wait for ``take_freed``."""
+    return len(_freed.get(token, ())) // 2
 
 
 def take_freed(token: str) -> tuple[int, ...]:

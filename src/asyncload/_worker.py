@@ -137,6 +137,8 @@ def _reader(
             msg = Shutdown()
         if freed and _shm.pool is not None:
             _shm.pool.release(freed)
+        if msg is None:  # releases only
+            continue
         try:
             loop.call_soon_threadsafe(inbox.put_nowait, msg)
         except RuntimeError:  # loop already closed

@@ -31,6 +31,10 @@ __all__ = ["PICKLE_WARNING", "ProcessWorkers"]
 
 # Seconds to wait for a worker to exit on its own before terminate(), then kill().
 _JOIN_TIMEOUT = 5.0
+# Block uses the main process is done with that go back to their worker without waiting for
+# its next task: the look-ahead may send none for many batches, and meanwhile the worker would
+# map new blocks for every batch it stashes (NOTE [ Reused shared memory ]).
+_RETURN_FREED = 4
 
 PICKLE_WARNING = (  # torch's, word for word: code and tests match on it
     "Got pickle error when attempting to start a worker Process. "
@@ -149,8 +153,10 @@ class ProcessWorkers:
         if isinstance(msg, BaseException):  # the pin-memory thread could not unpack
             self._raise_if_a_worker_died(msg)
             raise msg
-        if isinstance(msg, Result | Failure) and msg.stats is not None:
-            _storage.learn_connections(msg.stats.counts)
+        if isinstance(msg, Result | Failure):
+            if msg.stats is not None:
+                _storage.learn_connections(msg.stats.counts)
+            self._return_freed(msg.worker_id)
         if isinstance(msg, Failure):
             return msg  # before the liveness check: a worker may exit right after it
         now = time.monotonic()
@@ -159,6 +165,12 @@ class ProcessWorkers:
             self._last_check = now
             self.check_alive()
         return msg
+
+    def _return_freed(self, worker_id: int) -> None:
+        token = self._tokens[worker_id]
+        if _shm.freed_uses(token) >= _RETURN_FREED:
+            # (freed, None): releases only, no task (NOTE [ Data flow and shutdown ]).
+            self._index_queues[worker_id].put((_shm.take_freed(token), None))
 
     def _raise_if_a_worker_died(self, cause: BaseException) -> None:
         deadline = time.monotonic() + 1.0
