@@ -213,6 +213,37 @@ def _send(
     return args, fds, evicted
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc")
+@pytest.mark.parametrize("proc_fds", ["1", "0"])
+def test_a_new_blocks_descriptor_is_opened_through_proc_or_handed_over(
+    proc_fds: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Through /proc the main process needs nothing of the worker (whose resource-sharer thread
+    # would have to win its GIL); ASYNCLOAD_PROC_FDS=0 hands it over through a socket instead.
+    monkeypatch.setenv("ASYNCLOAD_PROC_FDS", proc_fds)
+    pool = _shm.BlockPool("t", max_blocks=4)
+    storage = pool.allocate(10_000)
+    assert storage is not None
+    torch.empty((), dtype=torch.uint8).set_(storage).fill_(42)
+    t = torch.empty((), dtype=torch.uint8).set_(storage)
+    ref = pool.ref_for(t)
+    assert ref is not None
+    pool.begin()
+    pool.reduce_ref(ref)
+    ((_, _, dup),), _ = pool.end(sent=True)
+    assert isinstance(dup, _shm.ProcFd) == (proc_fds == "1")
+    fd = dup.detach()
+    try:
+        assert os.pread(fd, 4, 0) == b"\x2a" * 4  # the block's own bytes
+    finally:
+        os.close(fd)
+
+
+def test_a_descriptor_that_cannot_be_opened_through_proc_says_what_to_do() -> None:
+    with pytest.raises(OSError, match="ASYNCLOAD_PROC_FDS=0"):
+        _shm.ProcFd(os.getpid(), 10**6).detach()
+
+
 def test_a_block_is_reused_only_when_both_sides_let_go() -> None:
     pool = _shm.BlockPool("t", max_blocks=4)
     s = pool.allocate(10_000)

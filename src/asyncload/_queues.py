@@ -81,7 +81,7 @@ class Packed:
     pool: str = ""
     """The sending worker's block pool, when it has one."""
     fds: tuple[tuple[int, int, Any], ...] = ()
-    """``(id, size, DupFd)`` of blocks the main process has not mapped yet."""
+    """``(id, size, ProcFd or DupFd)`` of blocks the main process has not mapped yet."""
     evicted: tuple[int, ...] = ()
     """Blocks of that pool the worker dropped: the main process unmaps them."""
     stashed: tuple[int, int, int] | None = None

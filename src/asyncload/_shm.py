@@ -16,7 +16,8 @@ both sides::
        └ a free block b, use number s
     pack: tensor → BlockRef(b, s); b's fd rides
           beside the message until the main
-          process has b mapped              ── Packed ──►   map b once, cache it; the batch
+          process has b mapped (it opens
+          /proc/<worker>/fd/<fd>, ProcFd)   ── Packed ──►   map b once, cache it; the batch
                                                               views the mapping, no copy
                                                               ...the training loop drops it...
                                                               storage freed → finalizer
@@ -77,12 +78,13 @@ from ._shm_mirror import (
     unpickling,
     unregister_token,
 )
-from ._shm_pool import MAX_POOL_BYTES, BlockPool, BlockRef
+from ._shm_pool import MAX_POOL_BYTES, BlockPool, BlockRef, ProcFd
 
 __all__ = [
     "MAX_POOL_BYTES",
     "BlockPool",
     "BlockRef",
+    "ProcFd",
     "forget_blocks",
     "freed_uses",
     "install_pool",

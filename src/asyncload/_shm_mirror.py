@@ -133,7 +133,7 @@ _unpacking = threading.local()  # the mappings of the message being unpickled in
 
 
 def map_blocks(token: str, fds: tuple[tuple[int, int, Any], ...]) -> dict[int, Mapping]:
-    """Map the blocks a message brings descriptors for (``(id, size, DupFd)``), once each.
+    """Map the blocks a message brings descriptors for (``(id, size, ProcFd or DupFd)``), once each.
 
     Returns the message's new mappings; ``unpickling`` makes them visible to
     ``_open_block`` also when *token* is no longer registered.

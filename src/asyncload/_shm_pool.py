@@ -13,20 +13,50 @@ import os
 import threading
 import weakref
 from multiprocessing.reduction import DupFd
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
 from ._shm_mirror import _open_block
 
-__all__ = ["MAX_POOL_BYTES", "BlockPool", "BlockRef"]
+__all__ = ["MAX_POOL_BYTES", "BlockPool", "BlockRef", "ProcFd"]
 
 _PAGE = mmap.PAGESIZE
 MAX_POOL_BYTES = 1 << 30
 """A worker's blocks never add up to more than this; beyond it, torch's shared memory is used."""
 STASH_BLOCKS = 256
 """Blocks a pool may hold for pickled messages (``BlockPool.stash``), besides its storages."""
+
+
+class ProcFd(NamedTuple):
+    """A block's descriptor as the main process opens it itself: ``/proc/<pid>/fd/<fd>``.
+
+    ``DupFd`` hands a descriptor over through the worker's resource-sharer thread, which must
+    win the worker's GIL while its loop is busiest (a new worker's first batches): 10-25 ms
+    per new block. A process may open the descriptors of its own children (same user) through
+    /proc without their help; the worker keeps *fd* open until the main process says it mapped
+    the block. ``ASYNCLOAD_PROC_FDS=0`` goes back to ``DupFd`` where /proc is restricted.
+    """
+
+    pid: int
+    fd: int
+
+    def detach(self) -> int:
+        path = f"/proc/{self.pid}/fd/{self.fd}"
+        try:
+            return os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        except OSError as exc:
+            raise OSError(
+                exc.errno,
+                f"asyncload: can't open a worker's shared-memory block through {path} "
+                f"({exc.strerror}); if /proc is restricted here, set ASYNCLOAD_PROC_FDS=0 "
+                "to pass descriptors through sockets instead",
+            ) from exc
+
+
+def _proc_fds() -> bool:
+    return os.environ.get("ASYNCLOAD_PROC_FDS", "1") != "0" and os.path.isdir("/proc/self/fd")
 
 
 def _round_up(n: int) -> int:
@@ -128,6 +158,7 @@ class BlockPool:
         self.max_free = max_blocks // 4 + 2
         self.max_bytes = max_bytes
         self.stash_blocks = stash_blocks
+        self._proc_fds = _proc_fds()
         self._lock = threading.Lock()
         self._blocks: dict[int, _Block] = {}
         self._by_addr: dict[int, _Block] = {}
@@ -324,8 +355,8 @@ class BlockPool:
         """Finish a message: its blocks now belong to the main process if it was *sent*.
 
         Returns the descriptors of blocks the main process has not mapped yet, as
-        ``(id, size, DupFd)``, and the ids of blocks dropped since the last message, for the
-        main process to unmap.
+        ``(id, size, ProcFd or DupFd)``, and the ids of blocks dropped since the last message,
+        for the main process to unmap.
         """
         packed, self._packing = self._packing or [], None
         fds: list[tuple[int, int, Any]] = []
@@ -336,7 +367,7 @@ class BlockPool:
                 if sent:
                     block.in_main = True
                     if not block.mapped:
-                        fds.append((block.id, block.cap, DupFd(block.fd)))
+                        fds.append((block.id, block.cap, self._descriptor(block.fd)))
                 else:
                     self._maybe_free(block)
             evicted, self._evicted = tuple(self._evicted), []
@@ -344,6 +375,9 @@ class BlockPool:
         self._keepalive.clear()
         self._copies.clear()
         return tuple(fds), evicted
+
+    def _descriptor(self, fd: int) -> Any:
+        return ProcFd(os.getpid(), fd) if self._proc_fds else DupFd(fd)
 
     def unsend_evicted(self, evicted: tuple[int, ...]) -> None:
         """*evicted* (from ``end``) did not reach the main process: name them again later."""
