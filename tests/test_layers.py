@@ -58,6 +58,7 @@ LAYERS: dict[str, int] = {
     # 5: where engines run
     "_pin_memory": 5,
     "_worker": 5,
+    "_preload": 5,  # imported by the forkserver only
     "_workers": 5,
     # 6: one pass over the data
     "_pass": 6,

@@ -7,6 +7,7 @@ constructor starts, and which modules the forkserver preloads, is then observabl
 from __future__ import annotations
 
 import gc
+import importlib.util
 import json
 import os
 import subprocess
@@ -49,6 +50,11 @@ def test_building_a_loader_starts_the_forkserver_in_the_background(tmp_path: Pat
     assert out["started"] is True
     assert "asyncload._worker" in out["preload"]  # type: ignore[operator]
     assert out["others"] == []  # no worker: those start at iter()
+    assert "asyncload._preload" in out["preload"]  # type: ignore[operator]
+    # The server imported what every worker would import, and the main process did not.
+    expected = ["uvloop"] + (["obstore"] if importlib.util.find_spec("obstore") else [])
+    assert out["server_has"] == expected
+    assert out["main_has_obstore"] is False
 
 
 @pytest.mark.usefixtures("no_leaks")

@@ -6,7 +6,8 @@ asyncload starts workers with ``forkserver`` by default on Linux (and ``spawn`` 
   background runtime (obstore's Tokio runtime among them) and CUDA hang in such a child; so does
   any library holding a lock at fork time. ``forkserver`` forks from a clean server process.
 * it is Python 3.14's default on Linux, so code written for it keeps working.
-* the forkserver preloads torch and asyncload once, so each worker starts in milliseconds
+* the forkserver preloads torch and asyncload once (and uvloop and obstore, see ``_preload``),
+  so each worker starts in milliseconds
   rather than re-importing torch as ``spawn`` would. That holds however the start method is
   named (default, ``"forkserver"``, or a context object), and ``start_early`` starts the
   forkserver in the background as soon as a loader exists, so that one-time import overlaps
@@ -174,8 +175,9 @@ def _preload(ctx: BaseContext) -> None:
         if _interactive() and "__main__" in modules:
             # A notebook, -c or stdin has no file to run again in the server.
             modules.remove("__main__")
-        if "asyncload._worker" not in modules:
-            modules.append("asyncload._worker")
+        for name in ("asyncload._worker", "asyncload._preload"):
+            if name not in modules:
+                modules.append(name)
         ctx.set_forkserver_preload(modules)
 
 

@@ -26,6 +26,12 @@ def main() -> None:
         while server._forkserver_pid is None and time.monotonic() < deadline:
             time.sleep(0.01)
         out["started"] = server._forkserver_pid is not None
+        sum(len(b) for b in loader)  # the preload has run once a worker has
+        # What the server imported for every worker: their extension modules are mapped in it.
+        with open(f"/proc/{server._forkserver_pid}/maps") as maps:
+            mapped = maps.read()
+        out["server_has"] = [m for m in ("uvloop", "obstore") if f"/{m}/" in mapped]
+        out["main_has_obstore"] = "obstore" in sys.modules  # kept out of it: see _guards
         del loader
         kids = psutil.Process().children(recursive=True)
         out["others"] = [
