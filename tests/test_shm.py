@@ -8,6 +8,7 @@ import gc
 import os
 import signal
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -299,13 +300,22 @@ def test_a_pool_keeps_few_free_blocks_after_a_burst() -> None:
     assert len(evicted) == 4  # the main process unmaps what the worker dropped
 
 
-def test_the_main_process_maps_a_block_once_and_unmaps_evicted_ones() -> None:
-    token = "test-main"
+@contextlib.contextmanager
+def worker_pool(token: str, **options: Any) -> Iterator[_shm.BlockPool]:
+    """A worker's pool installed in this process, whose main side is this process too."""
     _shm.register_token(token)
-    pool = _shm.BlockPool(token, max_blocks=4, min_bytes=INLINE_MAX)
+    pool = _shm.BlockPool(token, min_bytes=INLINE_MAX, **options)
     saved = _shm.pool
     _shm.pool = pool
     try:
+        yield pool
+    finally:
+        _shm.pool = saved
+        _shm.unregister_token(token)
+
+
+def test_the_main_process_maps_a_block_once_and_unmaps_evicted_ones() -> None:
+    with worker_pool("test-main", max_blocks=4) as pool:
         storage = pool.allocate(100_000)
         assert storage is not None
         t = torch.empty((), dtype=torch.uint8).set_(storage)
@@ -314,9 +324,9 @@ def test_the_main_process_maps_a_block_once_and_unmaps_evicted_ones() -> None:
         assert isinstance(msg, Packed)
         got = unpack(msg).data
         assert torch.equal(got, torch.full((100_000,), 7, dtype=torch.uint8))
-        assert len(_shm._maps[token]) == 1
+        assert len(_shm._maps[pool.token]) == 1
         del got  # the main process is done: the release waits for the next task
-        freed = _shm.take_freed(token)
+        freed = _shm.take_freed(pool.token)
         assert len(freed) == 2
         pool.release(freed)
         del t, storage
@@ -326,22 +336,14 @@ def test_the_main_process_maps_a_block_once_and_unmaps_evicted_ones() -> None:
         assert pool.hits == 1
         _, fds, _ = _send(pool, again)
         assert fds == ()
-        _shm.forget_blocks(token, (0,))
-        assert _shm._maps[token] == {}
-    finally:
-        _shm.pool = saved
-        _shm.unregister_token(token)
+        _shm.forget_blocks(pool.token, (0,))
+        assert _shm._maps[pool.token] == {}
 
 
 def test_a_large_pickled_batch_travels_in_a_block_and_the_block_is_reused() -> None:
     # A batch of bytes (collate_fn=list over blobs) has no tensor for the block path: its
     # pickle goes into a block instead of the pipe, and the main process gives it back at once.
-    token = "test-stash"
-    _shm.register_token(token)
-    pool = _shm.BlockPool(token, max_blocks=4, min_bytes=INLINE_MAX)
-    saved = _shm.pool
-    _shm.pool = pool
-    try:
+    with worker_pool("test-stash", max_blocks=4) as pool:
         blobs = [bytes([i]) * 100_000 for i in range(8)]  # 800 KB > STASH_MIN
         msg = pack(Result(3, 0, 0, blobs))
         assert isinstance(msg, Packed)
@@ -351,7 +353,7 @@ def test_a_large_pickled_batch_travels_in_a_block_and_the_block_is_reused() -> N
         got = unpack(msg)
         assert (got.send_idx, got.data) == (3, blobs)
         block_id, use, _ = msg.stashed
-        freed = _shm.take_freed(token)
+        freed = _shm.take_freed(pool.token)
         assert freed == (block_id, use)  # given back as soon as it was read
         pool.release(freed)
         again = pack(Result(4, 0, 0, blobs[::-1]))
@@ -365,18 +367,10 @@ def test_a_large_pickled_batch_travels_in_a_block_and_the_block_is_reused() -> N
         small = pack(Result(5, 0, 0, [b"x" * 100]))
         assert isinstance(small, Packed)
         assert small.stashed is None
-    finally:
-        _shm.pool = saved
-        _shm.unregister_token(token)
 
 
 def test_a_large_pickled_batch_travels_inline_when_the_pool_is_full() -> None:
-    token = "test-stash-full"
-    _shm.register_token(token)
-    pool = _shm.BlockPool(token, max_blocks=4, min_bytes=INLINE_MAX, stash_blocks=1)
-    saved = _shm.pool
-    _shm.pool = pool
-    try:
+    with worker_pool("test-stash-full", max_blocks=4, stash_blocks=1) as pool:
         blobs = [bytes([i]) * 100_000 for i in range(4)]
         first = pack(Result(0, 0, 0, blobs))
         second = pack(Result(1, 0, 0, blobs))  # the one block is still the main process's
@@ -388,9 +382,6 @@ def test_a_large_pickled_batch_travels_inline_when_the_pool_is_full() -> None:
         assert unpack(second).data == blobs
         assert unpack(first).data == blobs
         assert pool.fallbacks == 1
-    finally:
-        _shm.pool = saved
-        _shm.unregister_token(token)
 
 
 def test_stashed_messages_have_their_own_blocks() -> None:

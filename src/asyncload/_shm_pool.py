@@ -183,20 +183,27 @@ class BlockPool:
 
     def allocate(self, nbytes: int) -> torch.UntypedStorage | None:
         """A storage of *nbytes* on a pooled block, or None when the pool is full."""
-        cap = _round_up(nbytes)
         with self._lock:
-            self._drain_dropped()
-            block = self._take_free(self._free, cap) or self._create(cap, stash=False)
+            block = self._new_use(_round_up(nbytes), nbytes, stash=False)
             if block is None:
-                self.fallbacks += 1
                 return None
-            block.seq += 1
             block.in_worker = True
-            block.ref = BlockRef(block, block.seq, nbytes)
             seq = block.seq
         arr = np.frombuffer(block.mm, dtype=np.uint8, count=nbytes)
         weakref.finalize(arr, self._worker_done, block.id, seq)
         return torch.from_numpy(arr).untyped_storage()
+
+    def _new_use(self, cap: int, nbytes: int, *, stash: bool) -> _Block | None:
+        """A free block of *cap* bytes or a new one, for its next use; under the lock."""
+        self._drain_dropped()
+        free = self._free_stash if stash else self._free
+        block = self._take_free(free, cap) or self._create(cap, stash=stash)
+        if block is None:
+            self.fallbacks += 1
+            return None
+        block.seq += 1
+        block.ref = BlockRef(block, block.seq, nbytes)
+        return block
 
     def _take_free(self, free: dict[int, _Block], cap: int) -> _Block | None:
         for block in free.values():  # oldest first: every block stays warm in turn
@@ -336,15 +343,10 @@ class BlockPool:
         """Copy *data* (a pickled message) into a block that the message being pickled names;
         None when the pool is full. The main process reads it once and gives it back."""
         n = len(data)
-        cap = _size_class(n)
         with self._lock:
-            self._drain_dropped()
-            block = self._take_free(self._free_stash, cap) or self._create(cap, stash=True)
+            block = self._new_use(_size_class(n), n, stash=True)
             if block is None:
-                self.fallbacks += 1
                 return None
-            block.seq += 1
-            block.ref = BlockRef(block, block.seq, n)
             block.packing = True
         block.mm[:n] = data
         if self._packing is not None:
