@@ -120,8 +120,9 @@ class ResumePoint:
                 "iterable dataset resumes per worker, each skipping the samples it had "
                 "delivered, and cannot be re-dealt to another number of workers, so build the "
                 f"loader with the same num_workers (got {num_workers}). TarShards can be "
-                "re-dealt (not with samples_per_rank=); Mix cannot yet; a dataset of your own "
-                "can by implementing asyncload.ElasticIterable (elastic_key, elastic_units, "
+                "re-dealt (not with samples_per_rank=), and so can a Mix of map-style datasets and "
+                "TarShards (not with samples=); a dataset of your own can by implementing "
+                "asyncload.ElasticIterable (elastic_key, elastic_units, "
                 "elastic_iter)"
             )
         n = max(1, num_workers)

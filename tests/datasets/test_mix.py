@@ -136,7 +136,7 @@ def test_bad_arguments_say_what_is_wrong() -> None:
 
 
 def test_another_num_workers_is_refused_and_the_error_says_why() -> None:
-    """Mix is not elastic yet (docs/guides/sharded-training.md): same num_workers only."""
+    """A Mix over an iterable that is not elastic resumes per worker: same num_workers only."""
 
     def make(workers: int) -> asyncload.DataLoader[Any]:
         mix = asyncload.Mix([Tagged("a", 40), TaggedStream("b", 40)], seed=9, stop="all")
@@ -147,5 +147,6 @@ def test_another_num_workers_is_refused_and_the_error_says_why() -> None:
     state = loader.state_dict()
     del it
     assert "readers" not in state
-    with pytest.raises(ValueError, match=r"num_workers=1.*Mix cannot yet.*ElasticIterable"):
+    refused = r"num_workers=1.*Mix of map-style datasets and TarShards.*ElasticIterable"
+    with pytest.raises(ValueError, match=refused):
         make(2).load_state_dict(state)
