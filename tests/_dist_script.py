@@ -5,9 +5,10 @@ saw next to it, so the test can check unions, overlaps and batch counts across p
 
 * ``"mode": "ranks"`` (under torchrun, gloo): for each source, iterate one epoch of
   ``TarShards`` with 2 workers and write ``{name}-rank{r}.json`` = ``{"keys", "batches"}``.
-* ``"mode": "resume"``: iterate ``stop_after`` batches (then save ``loader.state_dict()``), or
-  load a saved state and iterate the rest of the epoch; write the keys seen (under torchrun,
-  one file per rank: a checkpoint of one rank resumed by two).
+* ``"mode": "resume"``, ``"dataset"``: ``"tar"``, ``"map"`` (RemoteFiles) or ``"mix"`` (a
+  ``Mix`` of both, ``stop="all"``): iterate ``stop_after`` batches (then save
+  ``loader.state_dict()``), or load a saved state and iterate the rest of the epoch; write the
+  keys seen (under torchrun, one file per rank: a checkpoint of one rank resumed by two).
 """
 
 from __future__ import annotations
@@ -25,12 +26,29 @@ from asyncload.datasets import RemoteFiles, TarShards
 
 
 def _keys(batch: Any) -> list[str]:
+    if _is_keys(batch):
+        return list(batch)
     if isinstance(batch, dict):
         return list(batch["__key__"])
     return [bytes(b).decode() for b in batch]  # RemoteFiles: the object bodies are the keys
 
 
+def _is_keys(batch: Any) -> bool:
+    return isinstance(batch, list) and all(isinstance(k, str) for k in batch)
+
+
+def _mixed_keys(batch: list[Any]) -> list[str]:
+    """collate_fn of a Mix of RemoteFiles (bodies are keys) and TarShards (dicts)."""
+    return [s["__key__"] if isinstance(s, dict) else bytes(s).decode() for s in batch]
+
+
 def _build(cfg: dict[str, Any]) -> asyncload.DataLoader[Any]:
+    if cfg["dataset"] == "mix":
+        tar = TarShards(cfg["urls"], seed=cfg["seed"], shuffle_buffer=cfg["shuffle_buffer"])
+        mix = asyncload.Mix([RemoteFiles(cfg["map_urls"]), tar], [1, 2], seed=7, stop="all")
+        return asyncload.DataLoader(
+            mix, batch_size=cfg["batch_size"], num_workers=2, collate_fn=_mixed_keys
+        )
     if cfg["dataset"] == "tar":
         ds: Any = TarShards(
             cfg["urls"],

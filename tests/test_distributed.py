@@ -229,3 +229,23 @@ def test_resume_map_style_one_rank_to_two(http_server: ObjectServer, tmp_path: P
         "batch_size": 6,
     }
     _check_one_rank_to_two(config, names, tmp_path, stop_after=4)
+
+
+@pytest.mark.timeout(150)
+def test_resume_mix_one_rank_to_two(http_server: ObjectServer, tmp_path: Path) -> None:
+    """A Mix of RemoteFiles and TarShards (stop="all"): every sample of both exactly once."""
+    shards = _shards(4, 14, "x")
+    urls = [http_server.put(k, v) for k, v in shards.items()]
+    names = [f"mix-{i:03d}" for i in range(40)]
+    map_urls = [http_server.put(f"mx/{n}", n.encode()) for n in names]
+    config = {
+        "mode": "resume",
+        "name": "mix-elastic",
+        "dataset": "mix",
+        "urls": urls,
+        "map_urls": map_urls,
+        "batch_size": 6,
+        "shuffle_buffer": 10,
+        "seed": 11,
+    }
+    _check_one_rank_to_two(config, _all_keys(shards) + names, tmp_path, stop_after=4)
