@@ -14,6 +14,18 @@ Every row runs in a fresh interpreter, so start-up counts as a user pays it:
 * torch's DataLoader with a 32-thread pool in ``__getitems__`` (``bench_loader.ThreadedBlobs``,
   2 workers, batch 32; HTTP only), built 2 s before ``iter()`` like the loader.
 
+Peers, when installed (``pip install -c constraints.txt -e '.[benchmarks]'``; never needed by
+``make test``), as extra rows of the same run, each built 2 s before its first batch is asked:
+
+* SPDL's pipeline (``spdl.pipeline.PipelineBuilder``): the same client as the raw loop in an
+  async stage with 256 in flight, ``aggregate(32)``, one process (SPDL's own model: threads,
+  no worker processes); HTTP and S3;
+* litdata's ``StreamingRawDataset`` (its obstore downloader, given the object list so that it
+  needs no listing) under torch's DataLoader, 2 workers, batch 32; S3;
+* s3torchconnector's ``S3MapDataset`` (the AWS CRT client, path-style, unsigned) under torch's
+  DataLoader, 2 workers, batch 32; S3. It fetches one object at a time per worker, so it runs
+  on the first 512 objects only, and says so.
+
 Target (issue 11): asyncload's whole run >= 0.8 of the raw loop over HTTP and over S3.
 
     .venv/bin/python benchmarks/bench_wholerun.py           # about a minute
@@ -24,12 +36,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -79,8 +92,10 @@ def _child_torch_threads(transport: str, base: str, n: int) -> None:
     _timed_epoch(loader, n)
 
 
-def _timed_epoch(loader: Any, n: int) -> None:
-    """One epoch of a loader built BUILD_S before ``iter()``: prints whole-run and first batch."""
+def _timed_epoch(loader: Any, n: int, *, ordered: bool = True) -> None:
+    """One epoch of a loader built BUILD_S before ``iter()``: prints whole-run and first batch.
+
+    *ordered*: the first batch starts with object 0 (checked), as a DataLoader's does."""
     time.sleep(BUILD_S)  # the user builds the model
     t0 = time.perf_counter()
     first, seen, after_first = 0.0, 0, 0
@@ -88,13 +103,127 @@ def _timed_epoch(loader: Any, n: int) -> None:
         if k == 0:
             first = time.perf_counter() - t0
             after_first = len(batch)
-            if bytes(batch[0]) != bytes(object_bytes(0, SIZE)):
+            if ordered and bytes(batch[0]) != bytes(object_bytes(0, SIZE)):
                 raise AssertionError("wrong bytes delivered")
         seen += len(batch)
     elapsed = time.perf_counter() - t0
     if seen != n:
         raise AssertionError(f"{seen} samples of {n}")
     _result(rate=n / elapsed, first=first, steady=(n - after_first) / (elapsed - first))
+
+
+class _Epoch:
+    """An iterable whose ``iter()`` runs one pass of an SPDL pipeline (start to stop).
+
+    The pipeline yields ``(index, bytes)`` in completion order; the first batch's are checked.
+    """
+
+    def __init__(self, pipeline: Any) -> None:
+        self.pipeline = pipeline
+
+    def __iter__(self) -> Iterator[list[memoryview]]:
+        with self.pipeline.auto_stop():
+            for k, batch in enumerate(self.pipeline):
+                if k == 0 and any(bytes(d) != bytes(object_bytes(i, SIZE)) for i, d in batch):
+                    raise AssertionError("wrong bytes delivered")
+                yield [data for _, data in batch]
+
+
+def _child_spdl(transport: str, base: str, n: int) -> None:
+    from spdl.pipeline import PipelineBuilder
+
+    get: Callable[[int], Awaitable[tuple[int, memoryview]]]
+    if transport == "http":
+        import aiohttp
+
+        root = f"{base}/{BUCKET}/{SIZE}/{LATENCY_MS}"
+        sessions: list[aiohttp.ClientSession] = []
+
+        async def get(i: int) -> tuple[int, memoryview]:
+            if not sessions:  # in the pipeline's own event loop
+                sessions.append(aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)))
+            async with sessions[0].get(f"{root}/{i}") as resp:
+                resp.raise_for_status()
+                return i, memoryview(await resp.read())
+
+    else:
+        import obstore
+
+        store = _s3_store(base)
+
+        async def get(i: int) -> tuple[int, memoryview]:
+            result = await obstore.get_async(store, f"{SIZE}/{LATENCY_MS}/{i}")
+            return i, memoryview(await result.bytes_async())
+
+    pipeline = (
+        PipelineBuilder()
+        .add_source(range(n))
+        .pipe(get, concurrency=IN_FLIGHT)
+        .aggregate(BATCH)
+        .add_sink(4)
+        .build(num_threads=2)
+    )
+    _timed_epoch(_Epoch(pipeline), n, ordered=False)
+
+
+def _known_files(paths: list[str]) -> Any:
+    from litdata.raw.indexer import BaseIndexer, FileMetadata
+
+    class KnownFiles(BaseIndexer):
+        """The object list as given: the loopback server has no LIST."""
+
+        def discover_files(self, input_dir: str, storage_options: Any) -> list[FileMetadata]:
+            return [FileMetadata(path=p, size=SIZE) for p in paths]
+
+    return KnownFiles()
+
+
+def _child_litdata(transport: str, base: str, n: int) -> None:
+    import tempfile
+
+    import litdata.streaming.downloader
+    import torch
+    from litdata.raw.dataset import StreamingRawDataset
+
+    # litdata's obstore client options have no allow_http: the loopback server is plain HTTP.
+    litdata.streaming.downloader._OBSTORE_CLIENT_OPTIONS["allow_http"] = True  # type: ignore[index]
+    urls = _urls(transport, base, n)
+    with tempfile.TemporaryDirectory() as cache:
+        dataset = StreamingRawDataset(
+            f"s3://{BUCKET}/{SIZE}/{LATENCY_MS}/",
+            indexer=_known_files(urls),
+            cache_dir=cache,
+            recompute_index=True,
+            storage_options={
+                "endpoint_url": base,
+                "region_name": "us-east-1",
+                "aws_access_key_id": CREDS["access_key_id"],
+                "aws_secret_access_key": CREDS["secret_access_key"],
+            },
+        )
+        loader = torch.utils.data.DataLoader(
+            dataset, batch_size=BATCH, num_workers=2, collate_fn=list
+        )
+        _timed_epoch(loader, n)
+
+
+def _read_object(reader: Any) -> bytes:
+    return bytes(reader.read())
+
+
+def _child_s3torchconnector(transport: str, base: str, n: int) -> None:
+    import torch
+    from s3torchconnector import S3ClientConfig, S3MapDataset
+
+    dataset = S3MapDataset.from_objects(
+        _urls(transport, base, n),
+        region="us-east-1",
+        endpoint=base,
+        transform=_read_object,
+        s3client_config=S3ClientConfig(force_path_style=True, unsigned=True),
+    )
+    loader = torch.utils.data.DataLoader(dataset, batch_size=BATCH, num_workers=2, collate_fn=list)
+    _timed_epoch(loader, n)
 
 
 def _child_raw(transport: str, base: str, n: int) -> None:
@@ -139,12 +268,10 @@ async def _raw_aiohttp(base: str, n: int) -> None:
         await _drive(get, n, t0)
 
 
-async def _raw_obstore(base: str, n: int) -> None:
-    import obstore
+def _s3_store(base: str) -> Any:
     from obstore.store import S3Store
 
-    t0 = time.perf_counter()
-    store = S3Store(
+    return S3Store(
         BUCKET,
         endpoint=base,
         region="us-east-1",
@@ -152,6 +279,13 @@ async def _raw_obstore(base: str, n: int) -> None:
         access_key_id=CREDS["access_key_id"],
         secret_access_key=CREDS["secret_access_key"],
     )
+
+
+async def _raw_obstore(base: str, n: int) -> None:
+    import obstore
+
+    t0 = time.perf_counter()
+    store = _s3_store(base)
 
     async def get(i: int) -> int:
         result = await obstore.get_async(store, f"{SIZE}/{LATENCY_MS}/{i}")
@@ -164,12 +298,25 @@ CHILDREN: dict[str, Callable[[str, str, int], None]] = {
     "loader": _child_loader,
     "raw": _child_raw,
     "torch-threads": _child_torch_threads,
+    "spdl": _child_spdl,
+    "litdata": _child_litdata,
+    "s3torchconnector": _child_s3torchconnector,
 }
 LABELS = {
     "loader": "asyncload.DataLoader (built 2 s before iter())",
     "raw": "raw loop, 256 in flight",
     "torch-threads": "torch DataLoader + 32 threads (built 2 s before iter())",
+    "spdl": "SPDL pipeline, 256 in flight, 1 process",
+    "litdata": "litdata StreamingRawDataset + torch DataLoader",
+    "s3torchconnector": "s3torchconnector S3MapDataset + torch DataLoader",
 }
+# Peer rows: (row, the module that must import, transports).
+PEERS = [
+    ("spdl", "spdl.pipeline", ("http", "s3")),
+    ("litdata", "litdata.raw.dataset", ("s3",)),
+    ("s3torchconnector", "s3torchconnector", ("s3",)),
+]
+SLOW_PEER_SAMPLES = {"s3torchconnector": 512}  # one request at a time per worker: ~40/s
 
 
 def _spawn(row: str, transport: str, base: str, n: int) -> dict[str, float]:
@@ -193,6 +340,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small smoke run")
     parser.add_argument("--samples", type=int, default=None)
+    parser.add_argument(
+        "--rows", help=f"comma-separated rows to run (default: all of {', '.join(CHILDREN)})"
+    )
     parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -207,10 +357,21 @@ def main(argv: list[str] | None = None) -> int:
         print("s3:// rows skipped: obstore is not installed (the `s3` extra)")
     else:
         plan += [("s3", "loader"), ("s3", "raw")]
+    transports = {t for t, _ in plan}
+    for row, module, over in PEERS:
+        if importlib.util.find_spec(module.split(".")[0]) is None:
+            print(f"{row} rows skipped: not installed (the `benchmarks` extra)")
+            continue
+        plan += [(t, row) for t in over if t in transports]
+    if args.rows:  # the raw loop always runs: every ratio is against it
+        wanted = {*args.rows.split(","), "raw"}
+        plan = [(t, row) for t, row in plan if row in wanted]
     results: dict[tuple[str, str], dict[str, float]] = {}
+    sizes: dict[tuple[str, str], int] = {}
     with ObjectServerProcess() as server:
         for transport, row in plan:
-            results[transport, row] = _spawn(row, transport, server.base_url, n)
+            sizes[transport, row] = min(n, SLOW_PEER_SAMPLES.get(row, n))
+            results[transport, row] = _spawn(row, transport, server.base_url, sizes[transport, row])
     print(
         f"\nWhole run, {n} x {SIZE // 1000} KB at {LATENCY_MS} ms, fresh interpreter per row "
         f"(loaders: 2 workers, batch {BATCH}, default max_concurrency)\n"
@@ -222,12 +383,13 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|---|---|---|")
     for (transport, row), res in results.items():
         raw = results[transport, "raw"]["rate"]
+        label = LABELS[row] + ("" if sizes[transport, row] == n else f" ({sizes[transport, row]})")
         print(
-            f"| {transport} | {LABELS[row]} | {res['rate']:,.0f} | {res['first']:.3f} "
+            f"| {transport} | {label} | {res['rate']:,.0f} | {res['first']:.3f} "
             f"| {res['steady']:,.0f} | {res['rate'] / raw:.2f} |"
         )
     print()
-    for transport in dict.fromkeys(t for t, _ in plan):
+    for transport in dict.fromkeys(t for t, row in plan if row == "loader"):
         ratio = results[transport, "loader"]["rate"] / results[transport, "raw"]["rate"]
         verdict = "met" if ratio >= 0.8 else "MISSED"
         print(f"target: {transport} loader / raw loop >= 0.8: {ratio:.2f} {verdict}")

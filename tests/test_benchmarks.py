@@ -106,3 +106,10 @@ def test_bench_wholerun_quick_prints_its_table() -> None:
     assert "torch DataLoader + 32 threads" in text
     assert "target: http loader / raw loop >= 0.8" in text
     assert "target: s3 loader / raw loop >= 0.8" in text
+    # Peers are rows when installed (the `benchmarks` extra), else said to be skipped.
+    for peer, label in [
+        ("spdl", "SPDL pipeline"),
+        ("litdata", "litdata StreamingRawDataset"),
+        ("s3torchconnector", "s3torchconnector S3MapDataset"),
+    ]:
+        assert f"{peer} rows skipped: not installed" in text or label in text, text
