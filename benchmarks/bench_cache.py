@@ -9,7 +9,10 @@ own process) at 50 ms per request. Rows:
 * ``asyncload.DataLoader`` (2 workers, batch 32) over ``RemoteFiles`` with the cache, epoch 1
   and epoch 2 (steady samples/s: first batch to last; and whole epochs, start-up included);
 * the same loader over the local files (no store, no cache; asyncload's file backend): what
-  the loader moves when no store is involved.
+  the loader moves when no store is involved;
+* when litdata is installed (the ``benchmarks`` extra): its ``StreamingRawDataset`` with
+  ``cache_files=True`` under torch's DataLoader (2 persistent workers, batch 32) over the same
+  server as an S3 endpoint, epoch 1 and epoch 2, in a fresh interpreter.
 
 Before each warm epoch the entries are made to look a minute old, so every hit pays its LRU
 touch as in a real epoch 2 (entries used within the last 10 s are not touched again).
@@ -25,8 +28,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -36,6 +41,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _peers import BUCKET, installed, litdata_dataset
 from _server import ObjectServerProcess, object_bytes
 
 import asyncload
@@ -116,12 +122,53 @@ def _loader_epochs(urls: list[str]) -> list[tuple[float, float]]:
     return rates
 
 
+def _litdata_child(base: str, n: int, cache: str) -> None:
+    """litdata's cached raw dataset, two epochs: prints their steady samples/s and requests."""
+    import torch
+
+    urls = [f"s3://{BUCKET}/{SIZE}/{LATENCY * 1000:g}/{i + 2 * 10**6}" for i in range(n)]
+    dataset = litdata_dataset(base, urls, SIZE, cache_dir=cache, cache_files=True)
+    loader = torch.utils.data.DataLoader(
+        dataset, batch_size=32, num_workers=2, collate_fn=list, persistent_workers=True
+    )
+    rates = []
+    for _ in range(2):
+        first, seen = 0.0, 0
+        for k, batch in enumerate(loader):
+            if k == 0:
+                first = time.perf_counter()
+            seen += len(batch)
+        assert seen == n, f"{seen} samples of {n}"
+        rates.append((n - 32) / (time.perf_counter() - first))
+    print("RESULT " + json.dumps(rates), flush=True)
+
+
+def _litdata_epochs(base: str, n: int, cache: Path) -> list[float]:
+    out = subprocess.run(
+        [sys.executable, __file__, "--litdata-child", base, str(n), str(cache)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    if out.returncode != 0:
+        raise SystemExit(f"the litdata row failed:\n{out.stderr}")
+    line = next(ln for ln in out.stdout.splitlines() if ln.startswith("RESULT "))
+    rates: list[float] = json.loads(line.removeprefix("RESULT "))
+    return rates
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small smoke run")
     parser.add_argument("--samples", type=int, default=None)
     parser.add_argument("--dir", default=None, help="where the cache and files go (a temp dir)")
+    parser.add_argument("--litdata-child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.litdata_child:
+        base, count, cache = args.litdata_child
+        _litdata_child(base, int(count), cache)
+        return 0
     n = args.samples or (256 if args.quick else 4096)
     work = Path(tempfile.mkdtemp(prefix="asyncload-bench-cache-", dir=args.dir))
     rows: dict[str, float] = {}
@@ -161,6 +208,12 @@ def main(argv: list[str] | None = None) -> int:
             # What the loader moves without a store: the same loader over the local files
             # (asyncload's file backend, no cache), its second epoch.
             _, (rows["DataLoader over the local files, epoch 2"], _) = _loader_epochs(paths)
+            if installed("litdata"):
+                rates = _litdata_epochs(server.base_url, n, work / "cache-litdata")
+                rows["litdata StreamingRawDataset, cache_files, epoch 1"] = rates[0]
+                rows["litdata StreamingRawDataset, cache_files, epoch 2"] = rates[1]
+            else:
+                print("litdata rows skipped: not installed (the `benchmarks` extra)")
     finally:
         _storage.reset()
         shutil.rmtree(work, ignore_errors=True)
@@ -186,6 +239,11 @@ def main(argv: list[str] | None = None) -> int:
     ceiling = rows["DataLoader over the local files, epoch 2"]
     print(f"| DataLoader epoch 2 / the same loader over the local files | {l2 / ceiling:.2f} | |")
     print(f"| DataLoader epoch 2 / local files | {l2 / local:.2f} | |")
+    lit = "litdata StreamingRawDataset, cache_files, epoch {}"
+    if lit.format(2) in rows:
+        lit1, lit2 = rows[lit.format(1)], rows[lit.format(2)]
+        print(f"| litdata: epoch 2 / epoch 1 | {lit2 / lit1:.1f}x | |")
+        print(f"| asyncload DataLoader epoch 2 / litdata's epoch 2 | {l2 / lit2:.2f} | |")
     print(f"\n(cache and files under {work}, removed; pid {os.getpid()})")
     return 0
 

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
 import json
 import os
 import subprocess
@@ -48,14 +47,13 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _peers import BUCKET, CREDS, installed, litdata_dataset
 from _server import ObjectServerProcess, object_bytes
 
 SIZE = 100_000
 LATENCY_MS = "50"
 IN_FLIGHT = 256
 BATCH = 32
-BUCKET = "obj"  # the server's path prefix: s3://obj/{size}/{ms}/{i} is GET /obj/{size}/{ms}/{i}
-CREDS = {"access_key_id": "bench", "secret_access_key": "bench"}
 BUILD_S = 2.0  # the loader exists this long before iter()
 
 
@@ -166,41 +164,13 @@ def _child_spdl(transport: str, base: str, n: int) -> None:
     _timed_epoch(_Epoch(pipeline), n, ordered=False)
 
 
-def _known_files(paths: list[str]) -> Any:
-    from litdata.raw.indexer import BaseIndexer, FileMetadata
-
-    class KnownFiles(BaseIndexer):
-        """The object list as given: the loopback server has no LIST."""
-
-        def discover_files(self, input_dir: str, storage_options: Any) -> list[FileMetadata]:
-            return [FileMetadata(path=p, size=SIZE) for p in paths]
-
-    return KnownFiles()
-
-
 def _child_litdata(transport: str, base: str, n: int) -> None:
     import tempfile
 
-    import litdata.streaming.downloader
     import torch
-    from litdata.raw.dataset import StreamingRawDataset
 
-    # litdata's obstore client options have no allow_http: the loopback server is plain HTTP.
-    litdata.streaming.downloader._OBSTORE_CLIENT_OPTIONS["allow_http"] = True  # type: ignore[index]
-    urls = _urls(transport, base, n)
     with tempfile.TemporaryDirectory() as cache:
-        dataset = StreamingRawDataset(
-            f"s3://{BUCKET}/{SIZE}/{LATENCY_MS}/",
-            indexer=_known_files(urls),
-            cache_dir=cache,
-            recompute_index=True,
-            storage_options={
-                "endpoint_url": base,
-                "region_name": "us-east-1",
-                "aws_access_key_id": CREDS["access_key_id"],
-                "aws_secret_access_key": CREDS["secret_access_key"],
-            },
-        )
+        dataset = litdata_dataset(base, _urls(transport, base, n), SIZE, cache_dir=cache)
         loader = torch.utils.data.DataLoader(
             dataset, batch_size=BATCH, num_workers=2, collate_fn=list
         )
@@ -359,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
         plan += [("s3", "loader"), ("s3", "raw")]
     transports = {t for t, _ in plan}
     for row, module, over in PEERS:
-        if importlib.util.find_spec(module.split(".")[0]) is None:
+        if not installed(module):
             print(f"{row} rows skipped: not installed (the `benchmarks` extra)")
             continue
         plan += [(t, row) for t in over if t in transports]

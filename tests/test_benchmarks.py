@@ -95,6 +95,7 @@ def test_bench_cache_quick_prints_its_tables() -> None:
     ):
         assert row in text, f"row {row!r} missing:\n{text}"
     assert "read loop: epoch 2 / epoch 1" in text
+    assert "litdata rows skipped: not installed" in text or "litdata: epoch 2 / epoch 1" in text
 
 
 @pytest.mark.slow
