@@ -172,3 +172,20 @@ async def test_stream_resume_of_a_replaced_file_is_refused(tree: Path) -> None:
         await again.__anext__()
     assert info.value.kind is ObjectChanged
     assert not info.value.retryable
+
+
+def test_a_stream_cancelled_while_its_file_opens_leaves_it_closed(tmp_path: Path) -> None:
+    """The open() runs in a thread; whichever of it and the cancelled task comes second
+    closes the file (aiofiles' open left it to the garbage collector: a ResourceWarning)."""
+    from asyncload.sources._local import _Opening
+
+    path = tmp_path / "f"
+    path.write_bytes(b"x")
+    late = _Opening(str(path))  # cancelled before the thread opened it
+    late.abandon()
+    assert late.run().closed
+    early = _Opening(str(path))  # the thread opened it, then the task was cancelled
+    f = early.run()
+    assert not f.closed
+    early.abandon()
+    assert f.closed

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import time
 from collections.abc import AsyncIterator
@@ -106,6 +107,7 @@ class IterFetching(EngineCore):
                     self.recorder.note_sample(0.0)
                 await ahead.put((tag, item) if self._tagged else item)
         except (Exception, asyncio.CancelledError) as exc:
+            await _aclose(it)  # its finally blocks run now, in this loop (open files, streams)
             await ahead.put(_Raised(self._as_failure(exc)))
             return
         await ahead.put(end)
@@ -143,3 +145,10 @@ async def _skipping(dataset: Any, skip: int) -> AsyncIterator[Any]:
 @dataclass(frozen=True, slots=True)
 class _Raised:
     exc: Exception
+
+
+async def _aclose(it: AsyncIterator[Any]) -> None:
+    close = getattr(it, "aclose", None)
+    if close is not None:
+        with contextlib.suppress(Exception):
+            await close()

@@ -1,8 +1,11 @@
 """``file://`` URLs and plain paths, read without blocking the event loop.
 
 Whole and ranged reads are one job in the loop's default executor (open, seek, read, close in a
-single hop: four aiofiles hops would cost four thread handoffs per sample). Streaming uses
-aiofiles, whose handle keeps the file open between chunks. Listing walks the tree in a thread.
+single hop: four aiofiles hops would cost four thread handoffs per sample). Streaming keeps
+the file open between chunks, each read a hop to the executor; it opens the file through
+``_Opening``, which never leaves a file open when the stream is cancelled while the open()
+runs in its thread (aiofiles' open would: the file comes back to no one). Listing walks the
+tree in a thread.
 
 ``file://host/...`` is only accepted for ``localhost``; a network share is mounted, then read by
 its local path.
@@ -14,10 +17,11 @@ import asyncio
 import errno
 import os
 import re
+import threading
 from collections.abc import AsyncGenerator
+from typing import BinaryIO
 from urllib.parse import quote, unquote, urlsplit
 
-import aiofiles
 import aiofiles.os
 
 from .._exceptions import InvalidURL, NotFound, ObjectChanged, PermissionDenied, StorageError
@@ -133,8 +137,15 @@ class LocalBackend(Backend):
         self, url: str, start: int, chunk_size: int, resume: Resume | None
     ) -> AsyncGenerator[bytes, None]:
         path = to_path(url)
+        loop = asyncio.get_running_loop()
+        opening = _Opening(path)
         try:
-            async with aiofiles.open(path, "rb") as f:
+            try:
+                f = await loop.run_in_executor(None, opening.run)
+            except asyncio.CancelledError:
+                opening.abandon()
+                raise
+            try:
                 if resume is not None:
                     # Files have no ETag: inode, size and mtime name the version opened.
                     st = os.fstat(f.fileno())
@@ -150,9 +161,11 @@ class LocalBackend(Backend):
                             status=412,
                         )
                 if start:
-                    await f.seek(start)
-                while chunk := await f.read(chunk_size):
+                    f.seek(start)  # no I/O: the next read starts there
+                while chunk := await loop.run_in_executor(None, f.read, chunk_size):
                     yield chunk
+            finally:
+                f.close()
         except OSError as exc:
             raise map_error(exc, url) from exc
 
@@ -179,3 +192,29 @@ class LocalBackend(Backend):
 _backend = LocalBackend()
 register("file", _backend)
 register("", _backend)
+
+
+class _Opening:
+    """``open(path, "rb")`` in a thread, for a task that may be cancelled meanwhile: whichever
+    of ``run`` (the thread) and ``abandon`` (the cancelled task) comes second closes the file."""
+
+    def __init__(self, path: str) -> None:
+        self._path = path
+        self._lock = threading.Lock()
+        self._file: BinaryIO | None = None
+        self._abandoned = False
+
+    def run(self) -> BinaryIO:
+        f = open(self._path, "rb")  # closed by the stream, or by abandon()
+        with self._lock:
+            if self._abandoned:
+                f.close()
+            else:
+                self._file = f
+        return f
+
+    def abandon(self) -> None:
+        with self._lock:
+            self._abandoned = True
+            if self._file is not None:
+                self._file.close()
