@@ -236,10 +236,12 @@ def _run_then_signal(script: list[Any], sig: int, settle: float) -> tuple[list[i
     """Run *script* (a path, then arguments) until it prints its 2 worker pids, wait *settle*
     seconds, send *sig* to it.
 
-    Returns the worker pids and what the script wrote to stderr.
+    Returns the worker pids and what the script wrote to stderr. A script still running 15 s
+    later fails the test with every thread's stack (faulthandler, on SIGABRT) and its process
+    tree, so that a hang shows where it is.
     """
     with subprocess.Popen(
-        [sys.executable, *map(str, script)],
+        [sys.executable, "-X", "faulthandler", *map(str, script)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -250,12 +252,35 @@ def _run_then_signal(script: list[Any], sig: int, settle: float) -> tuple[list[i
             assert len(pids) == 2
             time.sleep(settle)
             os.kill(proc.pid, sig)
-            _, err = proc.communicate(timeout=15)
+            try:
+                _, err = proc.communicate(timeout=15)
+            except subprocess.TimeoutExpired:
+                tree = _abort_tree(proc.pid)
+                _, err = proc.communicate(timeout=10)
+                pytest.fail(f"still running 15 s after {sig!r}; processes: {tree}\n{err}")
         finally:
             if proc.poll() is None:
                 proc.kill()
                 proc.communicate()
     return pids, err
+
+
+def _abort_tree(pid: int) -> str:
+    """Describe *pid* and its descendants, then SIGABRT them all, deepest first (the
+    forkserver's workers inherit ``-X faulthandler``: each writes its stacks to stderr)."""
+    try:
+        procs = [psutil.Process(pid)]
+        procs += procs[0].children(recursive=True)
+    except psutil.Error as exc:
+        return f"({exc})"
+    described = []
+    for p in reversed(procs):
+        try:
+            described.append(f"{p.pid} {p.name()} {p.status()}")
+            p.send_signal(signal.SIGABRT)
+        except psutil.Error:
+            pass
+    return ", ".join(reversed(described))
 
 
 def _wait_gone(pids: list[int], seconds: float = 10) -> list[int]:
