@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import contextlib
 import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any, Generic, TypeVar
@@ -25,7 +26,14 @@ import torch.utils.data
 
 from ._watchdog import checked_fetch  # asyncload-guard hook
 
-__all__ = ["Dataset", "IterableDataset", "aiter_for", "batch_fetcher_for", "fetcher_for"]
+__all__ = [
+    "Dataset",
+    "IterableDataset",
+    "aclose_quietly",
+    "aiter_for",
+    "batch_fetcher_for",
+    "fetcher_for",
+]
 
 T_co = TypeVar("T_co", covariant=True)
 
@@ -176,3 +184,13 @@ def aiter_for(dataset: Any) -> AsyncIterator[Any]:
     if hasattr(dataset, "__aiter__"):
         return dataset.__aiter__()  # type: ignore[no-any-return]
     return _sync_to_async(iter(dataset))
+
+
+async def aclose_quietly(it: AsyncIterator[Any] | None) -> None:
+    """Close *it* (an iterator from ``aiter_for``) if it can be closed, so that its ``finally``
+    blocks (open files, streams) run now, in this loop; what closing raises is dropped: the
+    caller is already ending the iteration for a reason of its own."""
+    close = getattr(it, "aclose", None)
+    if close is not None:
+        with contextlib.suppress(Exception):
+            await close()

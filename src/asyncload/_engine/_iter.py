@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
 import time
 from collections.abc import AsyncIterator
@@ -11,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._budget import SkippedSample
-from .._dataset import aiter_for
+from .._dataset import aclose_quietly, aiter_for
 from .._protocol import Exhausted
 from ._core import EngineCore
 
@@ -107,7 +106,7 @@ class IterFetching(EngineCore):
                     self.recorder.note_sample(0.0)
                 await ahead.put((tag, item) if self._tagged else item)
         except (Exception, asyncio.CancelledError) as exc:
-            await _aclose(it)  # its finally blocks run now, in this loop (open files, streams)
+            await aclose_quietly(it)
             await ahead.put(_Raised(self._as_failure(exc)))
             return
         await ahead.put(end)
@@ -145,10 +144,3 @@ async def _skipping(dataset: Any, skip: int) -> AsyncIterator[Any]:
 @dataclass(frozen=True, slots=True)
 class _Raised:
     exc: Exception
-
-
-async def _aclose(it: AsyncIterator[Any]) -> None:
-    close = getattr(it, "aclose", None)
-    if close is not None:
-        with contextlib.suppress(Exception):
-            await close()

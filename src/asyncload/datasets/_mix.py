@@ -23,13 +23,12 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import AsyncIterator, Iterator, Sequence
-from contextlib import suppress
 from typing import Any, Literal
 
 import numpy as np
 import torch.utils.data
 
-from .._dataset import IterableDataset, aiter_for, fetcher_for
+from .._dataset import IterableDataset, aclose_quietly, aiter_for, fetcher_for
 from .._elastic_iter import Tag, UnitPlan, supports
 from .._metrics import note_count
 from .._sharding import shard_position
@@ -152,10 +151,7 @@ class _IterSource:
                 return tag, None
 
     async def aclose(self) -> None:
-        close = getattr(self._it, "aclose", None)
-        if close is not None:
-            with suppress(Exception):
-                await close()
+        await aclose_quietly(self._it)
 
 
 class Mix(IterableDataset[Any]):
