@@ -265,6 +265,22 @@ def _run_then_signal(script: list[Any], sig: int, settle: float) -> tuple[list[i
     return pids, err
 
 
+def _signal_state(pid: int) -> str:
+    """The kernel's view of *pid*'s signals (ignored, caught; blocked per thread), in hex."""
+    try:
+        fields = {}
+        for task in sorted(os.listdir(f"/proc/{pid}/task")):
+            for line in Path(f"/proc/{pid}/task/{task}/status").read_text().splitlines():
+                key, _, value = line.partition(":")
+                if key in ("SigIgn", "SigCgt") and task == str(pid):
+                    fields[key] = value.strip()
+                elif key == "SigBlk" and int(value, 16):
+                    fields[f"SigBlk[{task}]"] = value.strip()
+        return repr(fields)
+    except (OSError, ValueError) as exc:
+        return f"({exc})"
+
+
 def _abort_tree(pid: int) -> str:
     """Describe *pid* and its descendants, then SIGABRT them all, deepest first (the
     forkserver's workers inherit ``-X faulthandler``: each writes its stacks to stderr)."""
@@ -276,7 +292,7 @@ def _abort_tree(pid: int) -> str:
     described = []
     for p in reversed(procs):
         try:
-            described.append(f"{p.pid} {p.name()} {p.status()}")
+            described.append(f"{p.pid} {p.name()} {p.status()} {_signal_state(p.pid)}")
             p.send_signal(signal.SIGABRT)
         except psutil.Error:
             pass
