@@ -5,6 +5,7 @@ Run by tests/test_shutdown.py, which then kills or interrupts this process.
 
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
 
@@ -15,6 +16,11 @@ from tests._datasets import SyncNumbers
 import asyncload
 
 if __name__ == "__main__":
+    # This is a training program in a terminal, where Ctrl-C raises KeyboardInterrupt. A shell
+    # that starts a command in the background without job control (`make test &`, some CI
+    # launchers) has it ignore SIGINT, and Python keeps an inherited SIG_IGN: the test would
+    # wait for a Ctrl-C that can't arrive.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     loader = asyncload.DataLoader(SyncNumbers(10**6, delay=0.01), batch_size=4, num_workers=2)
     it = iter(loader)
     next(it)
