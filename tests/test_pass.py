@@ -41,6 +41,7 @@ class FakeWorkers:
         self.live_stats = None
         self.sent: list[tuple[int, object]] = []
         self.closed = 0
+        self.prepared = 0  # prepare_next() calls
         self._replies: list[object] = []
         self._rng = random.Random(jitter_seed)
         self._fail = fail
@@ -72,6 +73,9 @@ class FakeWorkers:
             time.sleep(timeout)
             return None
         return self._replies.pop(self._rng.randrange(len(self._replies)))
+
+    def prepare_next(self) -> None:
+        self.prepared += 1
 
     def check_alive(self) -> None:
         pass
@@ -241,3 +245,15 @@ def test_a_worker_that_could_not_start_ends_the_pass() -> None:
         next(it)
     assert it.state is State.CLOSED
     assert made[0].closed == 1
+
+
+def test_the_next_pass_is_prepared_once_the_last_task_is_sent() -> None:
+    """``Workers.prepare_next`` (standby processes): once, when the sampler runs out, while
+    batches are still to come, not at the start."""
+    it, made = _start(_spec(n=200))  # 50 batches; 2 workers x 3 outstanding at first
+    assert made[0].prepared == 0
+    got = [next(it) for _ in range(40)]
+    assert made[0].prepared == 1, "the sampler ran out with the last tasks sent"
+    got += list(it)
+    assert made[0].prepared == 1
+    assert len(got) == 50

@@ -111,6 +111,7 @@ class Dispatch:
                 index = next(self._sampler_iter)
             except StopIteration:
                 self._sampler_done = True
+                self._require_workers().prepare_next()
                 return False
             if spec.is_iterable or not self._progress.is_done(self._send_idx):
                 break
@@ -167,6 +168,8 @@ class Dispatch:
             if isinstance(msg, Exhausted):
                 self._active[msg.worker_id] = False
                 reply = _SKIP
+                if not any(self._active):  # an iterable pass's last task
+                    self._require_workers().prepare_next()
             if in_order:
                 self._ready[msg.send_idx] = reply
                 if isinstance(msg, Result):

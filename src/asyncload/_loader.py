@@ -30,6 +30,7 @@ from ._pass import Pass, State
 from ._pin_memory import accelerator_device
 from ._resume import ResumePoint
 from ._spec import PassSpec
+from ._workers import StandbySlot
 
 __all__ = ["DataLoader"]
 
@@ -198,9 +199,14 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
         self._epoch: int | None = None
         self._epoch_of_pass: int | None = None  # the epoch the current pass runs (checkpoints)
         self._resume: ResumePoint | None = None
+        self._standby: StandbySlot | None = None
         if self.num_workers > 0:
             # The forkserver's one-time imports overlap the caller's set-up, not the first batch.
             start_early(self.multiprocessing_context)
+            if not self.persistent_workers:
+                # Each pass starts the next one's processes once it has sent its last task.
+                self._standby = StandbySlot()
+                weakref.finalize(self, self._standby.close)
 
     def _spec(self) -> PassSpec:
         if self.pin_memory and self.pin_memory_device:
@@ -232,6 +238,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
             multiprocessing_context=self.multiprocessing_context,
             prefetch_bytes=self.prefetch_bytes,
             sample_errors=self._sample_errors,
+            standby=self._standby,
         )
 
     def _get_iterator(self) -> Pass:  # type: ignore[override]

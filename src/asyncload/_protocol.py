@@ -39,7 +39,10 @@ A pass starts in ``Pass.__init__`` or ``Pass.restart`` and ends in ``Pass.close`
 ``Workers.close``: at the end of an epoch without persistent workers, on ``break`` once the
 iterator is garbage, on an exception out of ``next()`` other than a failed batch, on
 ``load_state_dict``, and at interpreter exit (``atexit``). The workers belong to the pass, not
-to the loader. ``ProcessWorkers.close`` is the shutdown sequence:
+to the loader; without persistent workers the next pass's processes may already be waiting for
+their config, started once this pass sent its last task (``_workers._standby``).
+``ProcessWorkers.close``, through ``_workers._processes.stop_processes`` (which also stops
+standby processes no pass took), is the shutdown sequence:
 
 1. set ``done_event`` (workers stop putting results; pin thread stops);
 2. put ``Shutdown`` on every index queue; the worker's reader thread forwards it to the engine,
@@ -74,6 +77,7 @@ __all__ = [
     "RemoteError",
     "Result",
     "Shutdown",
+    "Standing",
     "StartPass",
 ]
 
@@ -115,6 +119,14 @@ class StartPass:
 @dataclass(frozen=True, slots=True)
 class Shutdown:
     """Stop: cancel in-flight fetches, close clients, exit."""
+
+
+@dataclass(frozen=True, slots=True)
+class Standing:
+    """A standby worker's argument instead of its config (``_workers._standby``): the config
+    comes later, pickled, on its index queue; meanwhile it watches *main_pid*."""
+
+    main_pid: int
 
 
 # ── worker → main ─────────────────────────────────────────────────────────────────────────────

@@ -42,6 +42,9 @@ class PassSpec:
     sample_errors: SampleErrorPolicy = _RAISE
     reader_plans: tuple[Any, ...] | None = None
     """Per worker, the units a re-dealt iterable pass reads (``_elastic_iter``)."""
+    standby: Any = None
+    """The loader's ``_workers._standby.StandbySlot``: worker processes started before the
+    pass that takes them (without persistent workers)."""
 
 
 def spec_length(spec: PassSpec) -> int:

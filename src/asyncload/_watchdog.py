@@ -369,6 +369,9 @@ def _set_pdeathsig() -> None:
         pass
 
 
+_watching = 0  # the main process this one watches (watch_parent), once
+
+
 def watch_parent(main_pid: int, interval: float = 0.25) -> None:
     """Exit this worker process when the main process dies, whatever its event loop does.
 
@@ -376,6 +379,10 @@ def watch_parent(main_pid: int, interval: float = 0.25) -> None:
     then kills us at once (``PR_SET_PDEATHSIG``). A thread also polls the main process, and
     ends the process ``ORPHAN_GRACE`` seconds after its death, time for a clean shutdown.
     """
+    global _watching
+    if _watching == main_pid:  # a standby worker started watching before its config came
+        return
+    _watching = main_pid
     ppid = os.getppid()
     if sys.platform == "linux" and ppid != main_pid:
         # Only when the parent is the forkserver: under fork the signal would follow the

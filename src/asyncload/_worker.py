@@ -15,6 +15,7 @@ import contextvars
 import ctypes
 import gc
 import os
+import pickle
 import queue
 import random
 import signal
@@ -36,6 +37,7 @@ from ._protocol import (
     RemoteError,
     Result,
     Shutdown,
+    Standing,
 )
 from ._queues import INLINE_MAX, pack
 from ._watchdog import parent_alive as _parent_alive
@@ -150,7 +152,11 @@ def _reader(
 def worker_main(sent: Any, index_queue: Any, result_queue: Any, done_event: Any) -> None:
     """Entry point of a worker process (module level so every start method can pickle it)."""
     # asyncload-guard hook: *sent* is a _shipping.Shipped WorkerConfig; a failure to unpickle it
-    # is reported to the main process.
+    # is reported to the main process. A standby worker (_workers._standby) gets it later.
+    if isinstance(sent, Standing):
+        sent = _await_config(sent.main_pid, index_queue, done_event)
+        if sent is None:  # stopped before any pass took it
+            return
     cfg: WorkerConfig | None = _shipping.received(sent, result_queue)
     if cfg is None:
         return
@@ -213,6 +219,21 @@ def worker_main(sent: Any, index_queue: Any, result_queue: Any, done_event: Any)
         os._exit(0)
 
 
+def _await_config(main_pid: int, index_queue: Any, done_event: Any) -> Any:
+    """A standby worker's wait for its pickled config; ``None`` when told to stop instead."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _watchdog.watch_parent(main_pid)
+    while not done_event.is_set():
+        try:
+            _, msg = index_queue.get(timeout=POLL_INTERVAL)
+        except queue.Empty:
+            continue
+        if isinstance(msg, bytes):
+            return pickle.loads(msg)  # what Shipped became, as if it came with the process
+        return None  # Shutdown
+    return None
+
+
 def run_engine(
     cfg: WorkerConfig,
     put: Callable[[object], None],
@@ -241,6 +262,9 @@ def run_engine(
         if monitor is not None:  # asyncload-guard hook
             monitor.stop()
         try:
+            # Async generators the engine left suspended (a dataset's, cut off by Shutdown)
+            # run their finally blocks in this loop, not at a garbage collection without it.
+            loop.run_until_complete(loop.shutdown_asyncgens())
             loop.run_until_complete(_storage.aclose())
         finally:
             pool.shutdown(wait=False, cancel_futures=True)

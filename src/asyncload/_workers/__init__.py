@@ -16,8 +16,9 @@ from .. import _sharding
 from .._engine import WorkerConfig
 from .._spec import PassSpec
 from .._stats import RecorderSnapshot
+from ._standby import StandbySlot
 
-__all__ = ["Workers", "start_workers"]
+__all__ = ["StandbySlot", "Workers", "start_workers"]
 
 
 class Workers(Protocol):
@@ -42,6 +43,10 @@ class Workers(Protocol):
 
     def check_alive(self) -> None:
         """Raise [`WorkerError`][asyncload.WorkerError] if an engine (or the pin thread) is gone."""
+
+    def prepare_next(self) -> None:
+        """The pass has sent its last task: get the next pass's engines ready meanwhile
+        (``_standby``; nothing for one thread, or with persistent workers)."""
 
     def close(self) -> None:
         """Stop every engine and release its resources; safe to call more than once."""
@@ -104,4 +109,5 @@ def start_workers(
         # that, torch's path (NOTE [ Reused shared memory ]).
         shm_blocks=4 * spec.outstanding_per_worker + 8,
         sent_objects=sent_objects,
+        standby=None if spec.persistent else spec.standby,
     )

@@ -1,7 +1,7 @@
 """Worker processes: start, send, receive (unpack and pin), liveness, and the shutdown protocol.
 
-See NOTE [ Data flow and shutdown ] in ``_protocol.py``; ``ProcessWorkers.close`` is its
-shutdown sequence, and the only one.
+See NOTE [ Data flow and shutdown ] in ``_protocol.py``; ``stop_processes`` is its shutdown
+sequence, and the only one.
 """
 
 from __future__ import annotations
@@ -14,23 +14,26 @@ import signal
 import time
 import warnings
 from collections.abc import Callable
-from typing import Any
+from multiprocessing.reduction import ForkingPickler
+from typing import TYPE_CHECKING, Any
 
 from .. import _shm, _storage
 from .._context import diagnose_pickling
 from .._engine import WorkerConfig
 from .._exceptions import WorkerError
 from .._pin_memory import PinMemoryThread
-from .._protocol import POLL_INTERVAL, Failure, Result, Shutdown
+from .._protocol import POLL_INTERVAL, Failure, Result
 from .._queues import unpack
 from .._shipping import Shipped
 from .._stats import RecorderSnapshot
 from .._worker import worker_main
+from ._stop import stop_processes
+
+if TYPE_CHECKING:
+    from ._standby import Standby, StandbySlot
 
 __all__ = ["PICKLE_WARNING", "ProcessWorkers"]
 
-# Seconds to wait for a worker to exit on its own before terminate(), then kill().
-_JOIN_TIMEOUT = 5.0
 # Block uses the main process is done with that go back to their worker without waiting for
 # its next task: the look-ahead may send none for many batches, and meanwhile the worker would
 # map new blocks for every batch it stashes (NOTE [ Reused shared memory ]).
@@ -59,6 +62,8 @@ class ProcessWorkers:
         pin_device: Pin replies for this accelerator, or ``None``.
         shm_blocks: At most this many shared-memory blocks per worker.
         sent_objects: The user's objects every worker receives, named for pickling errors.
+        standby: Where processes started ahead of this pass may wait (``_standby``), and
+            where this pass starts the next pass's once it has sent its last task.
     """
 
     def __init__(
@@ -69,6 +74,7 @@ class ProcessWorkers:
         pin_device: str | None,
         shm_blocks: int,
         sent_objects: dict[str, Any],
+        standby: StandbySlot | None = None,
     ) -> None:
         # Every field close() touches is set before anything can fail.
         self.count = len(configs)
@@ -77,8 +83,13 @@ class ProcessWorkers:
         self._procs: list[Any] = []
         self._index_queues: list[Any] = []
         self._pin_thread: PinMemoryThread | None = None
-        self._done_event = context.Event()
-        self._result_queue = context.Queue()
+        self._context, self._slot = context, standby
+        waiting = standby.take(context, len(configs)) if standby is not None else None
+        if waiting is not None:
+            self._done_event, self._result_queue = waiting.done_event, waiting.result_queue
+        else:
+            self._done_event = context.Event()
+            self._result_queue = context.Queue()
         self._tokens = [f"{os.getpid()}-{id(self):x}-{i}-{os.urandom(4).hex()}" for i in configs]
         for token in self._tokens:
             _shm.register_token(token)
@@ -94,8 +105,15 @@ class ProcessWorkers:
                     shm_token=token,
                     shm_blocks=shm_blocks,
                 )
-                self._start_one(context, cfg, sent_objects)
+                if waiting is not None:
+                    self._ship_one(waiting, cfg, sent_objects)
+                else:
+                    self._start_one(context, cfg, sent_objects)
         except BaseException:
+            if waiting is not None:  # those not given a config yet stop with the others
+                given = len(self._procs)
+                self._procs += waiting.procs[given:]
+                self._index_queues += waiting.index_queues[given:]
             self.close()
             raise
         if pin_device is not None:
@@ -124,13 +142,33 @@ class ProcessWorkers:
         try:
             proc.start()
         except Exception as exc:
-            if isinstance(exc, (OSError, RuntimeError)) and not _is_pickling_error(exc):
+            error = _not_started(exc, sent_objects, context.get_start_method())
+            if error is exc:
                 raise
-            if isinstance(exc, (TypeError, AttributeError, pickle.PicklingError)):
-                warnings.warn(PICKLE_WARNING, stacklevel=6)
-            raise diagnose_pickling(sent_objects, context.get_start_method(), exc) from exc
+            raise error from exc
         self._index_queues.append(index_queue)
         self._procs.append(proc)
+
+    def _ship_one(self, waiting: Standby, cfg: WorkerConfig, sent_objects: dict[str, Any]) -> None:
+        """Give a standby process its config: pickled here, where a failure can be raised with
+        its culprit named, not in a queue's feeder thread."""
+        method = self._context.get_start_method()
+        try:
+            payload = bytes(ForkingPickler.dumps(Shipped(cfg, method), pickle.HIGHEST_PROTOCOL))
+        except Exception as exc:
+            error = _not_started(exc, sent_objects, method)
+            if error is exc:
+                raise
+            raise error from exc
+        index_queue = waiting.index_queues[cfg.worker_id]
+        index_queue.put(((), payload))
+        self._index_queues.append(index_queue)
+        self._procs.append(waiting.procs[cfg.worker_id])
+
+    def prepare_next(self) -> None:
+        """This pass has sent its last task: start the next pass's processes meanwhile."""
+        if self._slot is not None and not self._closed:
+            self._slot.prepare(self._context, self.count)
 
     @property
     def pids(self) -> tuple[int, ...]:
@@ -198,25 +236,7 @@ class ProcessWorkers:
         self._closed = True
         if self._pin_thread is not None:
             self._pin_thread.stop()
-        self._done_event.set()
-        for q in self._index_queues:
-            try:
-                q.put(((), Shutdown()))
-            except (OSError, ValueError):  # queue already closed
-                pass
-        deadline = time.monotonic() + _JOIN_TIMEOUT
-        for w in self._procs:
-            w.join(max(deadline - time.monotonic(), 0.0))
-        for w in self._procs:
-            if w.is_alive():
-                w.terminate()
-                w.join(1.0)
-            if w.is_alive():  # pragma: no cover - SIGTERM ignored
-                w.kill()
-                w.join(1.0)
-        for q in [*self._index_queues, self._result_queue]:
-            q.cancel_join_thread()
-            q.close()
+        stop_processes(self._procs, self._index_queues, self._result_queue, self._done_event)
         for token in self._tokens:
             _shm.unregister_token(token)
 
@@ -241,6 +261,15 @@ def _died(worker_id: int, w: Any) -> WorkerError:
         pid=w.pid,
         exitcode=code,
     )
+
+
+def _not_started(exc: Exception, sent_objects: dict[str, Any], method: str) -> Exception:
+    """What to raise when a worker's arguments failed to pickle (or its start failed)."""
+    if isinstance(exc, (OSError, RuntimeError)) and not _is_pickling_error(exc):
+        return exc
+    if isinstance(exc, (TypeError, AttributeError, pickle.PicklingError)):
+        warnings.warn(PICKLE_WARNING, stacklevel=7)
+    return diagnose_pickling(sent_objects, method, exc)
 
 
 def _is_pickling_error(exc: BaseException) -> bool:

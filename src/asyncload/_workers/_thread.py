@@ -56,6 +56,9 @@ class ThreadWorkers:
         if not self._worker.is_alive():
             raise WorkerError("the DataLoader's event-loop thread exited unexpectedly")
 
+    def prepare_next(self) -> None:
+        return None  # the next pass's thread starts in a millisecond
+
     def close(self) -> None:
         if self._closed:
             return

@@ -1,0 +1,145 @@
+"""Worker processes started before the pass that uses them, waiting for its settings.
+
+Without ``persistent_workers`` every pass starts new worker processes, as torch's do. Under
+``forkserver`` that is a fork of the server per worker, one after the other, and a new
+interpreter's first steps: 20-30 ms of every ``iter(loader)`` here, before any request leaves.
+So once a pass has sent its last task, ``StandbySlot.prepare`` starts the next pass's
+processes in a background thread, while that pass's last batches are still being fetched.
+They wait for their ``WorkerConfig`` on their index queue (``worker_main`` given ``Standing``),
+and the next pass takes them (``StandbySlot.take``) and sends each its config::
+
+    pass N: ... last task sent ──► prepare(): start processes ──► they wait, watching the
+                                                                  main process
+    pass N+1: iter() ──► take(): all alive? ──► send each its pickled config ──► as before
+                             └─ no: stop them (NOTE [ Data flow and shutdown ]), start anew
+
+The config, with the dataset, is still pickled at ``iter()``: what the program changed in the
+dataset between epochs reaches the workers, as with torch. Only under ``forkserver`` and
+``spawn``: under ``fork`` a worker inherits the dataset rather than unpickling it, and a config
+sent later would have to be picklable. A slot's processes are stopped when a pass can't use
+them, when the loader is collected (``StandbySlot.close``), and at exit: they are daemonic,
+and watch the main process like any worker.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import threading
+from typing import Any
+
+from .._protocol import Standing
+from ._stop import stop_processes
+
+__all__ = ["Standby", "StandbySlot"]
+
+_METHODS = ("forkserver", "spawn")
+
+
+class Standby:
+    """*count* worker processes of one context, with a pass's queues and done event, that have
+    no config yet."""
+
+    def __init__(self, context: Any, count: int) -> None:
+        from .._worker import worker_main  # what only a loader with workers needs
+
+        self.context = context
+        self.count = count
+        self.done_event = context.Event()
+        self.result_queue = context.Queue()
+        self.index_queues: list[Any] = []
+        self.procs: list[Any] = []
+        try:
+            for worker_id in range(count):
+                index_queue = context.Queue()
+                index_queue.cancel_join_thread()  # as ProcessWorkers' own queues
+                proc = context.Process(
+                    target=worker_main,
+                    args=(Standing(os.getpid()), index_queue, self.result_queue, self.done_event),
+                    name=f"asyncload-worker-{worker_id}",
+                    daemon=True,
+                )
+                proc.start()
+                self.index_queues.append(index_queue)
+                self.procs.append(proc)
+        except BaseException:
+            self.close()
+            raise
+
+    def fits(self, context: Any, count: int) -> bool:
+        """Whether a pass with this context and worker count can take these processes."""
+        return (
+            self.count == count
+            and self.context.get_start_method() == context.get_start_method()
+            and all(p.is_alive() for p in self.procs)
+        )
+
+    def close(self) -> None:
+        stop_processes(self.procs, self.index_queues, self.result_queue, self.done_event)
+
+
+class StandbySlot:
+    """The loader's place for the next pass's standby processes (at most one set).
+
+    Examples:
+        >>> slot = StandbySlot()  # doctest: +SKIP
+        >>> slot.prepare(multiprocessing.get_context("forkserver"), 2)  # doctest: +SKIP
+        >>> standby = slot.take(context, 2)  # a Standby, or None  # doctest: +SKIP
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._standby: Standby | None = None
+        self._closed = False
+
+    def prepare(self, context: Any, count: int) -> None:
+        """Start *count* processes for the next pass in a background thread, if it's safe."""
+        if context.get_start_method() not in _METHODS or multiprocessing.current_process().daemon:
+            return
+        with self._lock:
+            if self._closed or self._thread is not None or self._standby is not None:
+                return
+            self._thread = threading.Thread(
+                target=self._start, args=(context, count), name="asyncload-standby", daemon=True
+            )
+            self._thread.start()
+
+    def _start(self, context: Any, count: int) -> None:
+        try:
+            standby = Standby(context, count)
+        except Exception:  # the next pass starts its own workers, and reports what fails
+            return
+        with self._lock:
+            keep = not self._closed
+            if keep:
+                self._standby = standby
+        if not keep:  # the loader went meanwhile
+            standby.close()
+
+    def _settle(self) -> Standby | None:
+        with self._lock:
+            thread = self._thread
+        if thread is not None:
+            thread.join()
+        with self._lock:
+            self._thread = None
+            standby, self._standby = self._standby, None
+        return standby
+
+    def take(self, context: Any, count: int) -> Standby | None:
+        """The prepared processes if a pass with *context* and *count* workers can use them;
+        ``None`` (and any that don't fit stopped) otherwise."""
+        standby = self._settle()
+        if standby is not None and not standby.fits(context, count):
+            standby.close()
+            return None
+        return standby
+
+    def close(self) -> None:
+        """Stop the prepared processes, if any, and prepare no more."""
+        with self._lock:
+            self._closed = True
+        standby = self._settle()
+        if standby is not None:
+            standby.close()

@@ -1,0 +1,145 @@
+"""Worker processes started before the pass that takes them (``_workers._standby``)."""
+
+from __future__ import annotations
+
+import gc
+import multiprocessing
+import os
+import signal
+import time
+from typing import Any
+
+import psutil
+import pytest
+
+import asyncload
+from asyncload._workers import StandbySlot
+
+from ._procs import worker_processes
+
+pytestmark = pytest.mark.usefixtures("no_leaks")
+
+
+class Tagged(asyncload.Dataset[tuple[int, int, str]]):
+    """Sample i is (i, the worker's pid, the dataset's tag when the pass started)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.tag = "first"
+        self.extra: Any = None
+
+    def __len__(self) -> int:
+        return self.n
+
+    async def __getitem__(self, index: int) -> tuple[int, int, str]:
+        return index, os.getpid(), self.tag
+
+
+def _epoch(loader: asyncload.DataLoader[Any]) -> list[tuple[int, int, str]]:
+    return [(int(i), int(p), t) for batch in loader for i, p, t in zip(*batch, strict=True)]
+
+
+def _new_workers(before: set[int], count: int, timeout: float = 10.0) -> set[int]:
+    """The worker processes that appeared since *before*, once there are *count* of them."""
+    deadline = time.monotonic() + timeout
+    while True:
+        new = {p.pid for p in worker_processes()} - before
+        if len(new) >= count or time.monotonic() > deadline:
+            return new
+        time.sleep(0.02)
+
+
+def test_the_next_pass_runs_on_processes_started_during_this_one() -> None:
+    loader = asyncload.DataLoader(Tagged(64), batch_size=8, num_workers=2)
+    before = {p.pid for p in worker_processes()}
+    first = _epoch(loader)
+    standby = _new_workers(before | {pid for _, pid, _ in first}, 2)
+    assert len(standby) == 2, "no processes were started for the next pass"
+    second = _epoch(loader)
+    assert {pid for _, pid, _ in second} == standby
+    assert sorted(i for i, _, _ in second) == list(range(64))
+
+
+def test_what_changed_in_the_dataset_between_epochs_reaches_the_workers() -> None:
+    """The config (with the dataset) is still pickled at iter(), as torch does."""
+    dataset = Tagged(32)
+    loader = asyncload.DataLoader(dataset, batch_size=8, num_workers=2)
+    assert {t for _, _, t in _epoch(loader)} == {"first"}
+    dataset.tag = "second"
+    assert {t for _, _, t in _epoch(loader)} == {"second"}
+
+
+def test_dropping_the_loader_stops_its_standby_processes() -> None:
+    before = {p.pid for p in worker_processes()}
+    loader = asyncload.DataLoader(Tagged(32), batch_size=8, num_workers=2)
+    pids = {pid for _, pid, _ in _epoch(loader)}
+    standby = _new_workers(before | pids, 2)
+    assert len(standby) == 2
+    del loader
+    gc.collect()
+    alive = {p.pid for p in worker_processes()} & standby
+    assert not alive, f"standby processes left running: {alive}"
+
+
+def test_a_standby_process_that_died_is_replaced() -> None:
+    loader = asyncload.DataLoader(Tagged(32), batch_size=8, num_workers=2)
+    before = {p.pid for p in worker_processes()}
+    pids = {pid for _, pid, _ in _epoch(loader)}
+    standby = _new_workers(before | pids, 2)
+    victim = min(standby)
+    os.kill(victim, signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while psutil.pid_exists(victim) and time.monotonic() < deadline:
+        time.sleep(0.02)  # reaped (one that dies after iter() took it fails the pass)
+    second = _epoch(loader)
+    assert sorted(i for i, _, _ in second) == list(range(32))
+    assert victim not in {pid for _, pid, _ in second}
+
+
+def test_a_dataset_that_stopped_pickling_is_named_and_nothing_is_left() -> None:
+    dataset = Tagged(32)
+    loader = asyncload.DataLoader(dataset, batch_size=8, num_workers=2)
+    _epoch(loader)
+    dataset.extra = lambda: None  # can't be pickled for the next pass's workers
+    with (
+        pytest.warns(UserWarning, match="pickle error"),
+        pytest.raises(asyncload.NotPicklable, match="extra"),
+    ):
+        _epoch(loader)
+
+
+def test_persistent_workers_and_fork_start_no_standby() -> None:
+    for kw in ({"persistent_workers": True}, {"multiprocessing_context": "fork"}):
+        loader = asyncload.DataLoader(Tagged(32), batch_size=8, num_workers=2, **kw)
+        before = {p.pid for p in worker_processes()}
+        it = iter(loader)
+        pids = {int(p) for _, batch_pids, _ in it for p in batch_pids}
+        time.sleep(0.3)  # a standby would have been started by now
+        extra = {p.pid for p in worker_processes()} - before - pids
+        assert not extra, (kw, extra)
+        del it, loader
+        gc.collect()
+
+
+def test_a_slot_closed_while_starting_stops_what_it_started() -> None:
+    slot = StandbySlot()
+    before = {p.pid for p in worker_processes()}
+    slot.prepare(multiprocessing.get_context("forkserver"), 2)
+    slot.close()  # waits for the start, then stops both
+    assert not ({p.pid for p in worker_processes()} - before)
+    slot.prepare(multiprocessing.get_context("forkserver"), 2)  # closed: starts nothing
+    assert slot.take(multiprocessing.get_context("forkserver"), 2) is None
+
+
+def test_a_standby_of_another_shape_is_not_used() -> None:
+    slot = StandbySlot()
+    forkserver = multiprocessing.get_context("forkserver")
+    slot.prepare(forkserver, 2)
+    assert slot.take(forkserver, 3) is None  # stopped, not handed out
+    slot.prepare(forkserver, 2)
+    standby = slot.take(forkserver, 2)
+    assert standby is not None
+    assert len(standby.procs) == 2
+    assert all(p.is_alive() for p in standby.procs)
+    standby.close()
+    assert not any(p.is_alive() for p in standby.procs)
