@@ -15,8 +15,9 @@ first-batch time (``iter()`` to the first batch, workers started from a warm for
 
 ``--concurrency 64,128,256`` adds a table of the loader at constant 50 ms per
 ``max_concurrency`` (the default's trade-off). ``--startup`` prints only first-batch times of a
-loader built 2 s before ``iter()`` in a fresh interpreter, then of a second epoch (new workers),
-for the default start method and for ``multiprocessing_context="forkserver"``.
+loader built 2 s before ``iter()`` in a fresh interpreter, then of its next 4 epochs (new
+workers each, started during the epoch before: standby workers) with what ``iter()`` itself
+took, for the default start method and for ``multiprocessing_context="forkserver"``.
 
     .venv/bin/python benchmarks/bench_tails.py            # about 2-3 minutes
     .venv/bin/python benchmarks/bench_tails.py --quick    # smoke run, two distributions
@@ -248,15 +249,17 @@ def main(ctx):
             multiprocessing_context=ctx,
         )
         time.sleep(2.0)  # the user builds the model
-        times = []
-        for epoch in range(2):
+        firsts, iters = [], []
+        for epoch in range(5):
             t0 = time.perf_counter()
             it = iter(loader)
+            iters.append(time.perf_counter() - t0)
             next(it)
-            times.append(time.perf_counter() - t0)
+            firsts.append(time.perf_counter() - t0)
             for _ in it:
                 pass
-        print("RESULT", times[0], times[1])
+        later, later_iters = sorted(firsts[1:]), sorted(iters[1:])
+        print("RESULT", firsts[0], sum(later[1:3]) / 2, sum(later_iters[1:3]) / 2)
 
 
 if __name__ == "__main__":  # the forkserver imports this module
@@ -265,12 +268,16 @@ if __name__ == "__main__":  # the forkserver imports this module
 
 
 def _print_startup() -> None:
-    """First batch of a loader built 2 s before iter(), in a fresh interpreter, and the next
-    epoch's (new workers each epoch), per way of naming the start method."""
+    """First batch of a loader built 2 s before iter(), in a fresh interpreter, and of its
+    later epochs (new workers each epoch), per way of naming the start method."""
     code = _STARTUP.format(bench=str(Path(__file__).resolve().parent))
-    print("\nStart-up: loader built 2 s before iter(), 2 workers, 50 ms objects; seconds\n")
-    print("| multiprocessing_context | first batch, first epoch | first batch, second epoch |")
-    print("|---|---|---|")
+    print("\nStart-up: loader built 2 s before iter(), 2 workers, 50 ms objects; seconds")
+    print("(later epochs: median of epochs 2-5)\n")
+    print(
+        "| multiprocessing_context | first batch, first epoch | first batch, later epochs "
+        "| iter(), later epochs |"
+    )
+    print("|---|---|---|---|")
     # A script file, not ``-c``: without a file __main__ would make the loader fall back to fork.
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "startup.py"
@@ -291,8 +298,8 @@ def _startup_row(script: Path, ctx: str) -> None:
     if out.returncode != 0:
         raise SystemExit(f"start-up run failed:\n{out.stderr}")
     line = next(ln for ln in out.stdout.splitlines() if ln.startswith("RESULT"))
-    first, second = (float(x) for x in line.split()[1:])
-    print(f"| {json.dumps(ctx or None)} | {first:.3f} | {second:.3f} |")
+    first, later, iter_s = (float(x) for x in line.split()[1:])
+    print(f"| {json.dumps(ctx or None)} | {first:.3f} | {later:.3f} | {iter_s:.3f} |")
 
 
 if __name__ == "__main__":
