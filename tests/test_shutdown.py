@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ import psutil
 import pytest
 
 import asyncload
+from asyncload._workers._stop import release_elsewhere
 
 from ._datasets import (
     BigTensors,
@@ -222,21 +224,31 @@ def _unpicklable(batch: list[int]) -> Any:
 
 
 @pytest.mark.parametrize("how", ["SIGKILL", "SIGINT", "SIGTERM"])
-def test_main_process_death_or_ctrl_c_leaves_no_workers(how: str) -> None:
-    pids, err = _run_then_signal([_SCRIPTS / "train_forever.py"], getattr(signal, how), settle=0)
+@pytest.mark.parametrize("mode", ["one-pass", "epochs"])
+def test_main_process_death_or_ctrl_c_leaves_no_workers(how: str, mode: str) -> None:
+    """Also between epochs, while the next pass's standby workers start (``epochs``): every
+    process the script started goes with it (workers, standby ones, the forkserver)."""
+    script = [_SCRIPTS / "train_forever.py", *(["epochs"] if mode == "epochs" else [])]
+    settle = 0.5 if mode == "epochs" else 0
+    pids, err, family = _run_then_signal(script, getattr(signal, how), settle=settle)
     alive = _wait_gone(pids)
     assert not alive, f"workers {alive} outlived their main process ({how})"
+    alive = _wait_gone(family)
+    assert not alive, f"processes {alive} outlived their main process ({how})"
     if how == "SIGINT":
         assert "KeyboardInterrupt" in err
         assert "Exception ignored" not in err, err
         assert "leaked" not in err, err
 
 
-def _run_then_signal(script: list[Any], sig: int, settle: float) -> tuple[list[int], str]:
+def _run_then_signal(
+    script: list[Any], sig: int, settle: float
+) -> tuple[list[int], str, list[int]]:
     """Run *script* (a path, then arguments) until it prints its 2 worker pids, wait *settle*
     seconds, send *sig* to it.
 
-    Returns the worker pids and what the script wrote to stderr. A script still running 15 s
+    Returns the worker pids, what the script wrote to stderr, and the pids of every process
+    it had started when the signal left. A script still running 15 s
     later fails the test with every thread's stack (faulthandler, on SIGABRT) and its process
     tree, so that a hang shows where it is.
     """
@@ -251,6 +263,7 @@ def _run_then_signal(script: list[Any], sig: int, settle: float) -> tuple[list[i
             pids = [int(p) for p in proc.stdout.readline().split()]
             assert len(pids) == 2
             time.sleep(settle)
+            family = [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
             os.kill(proc.pid, sig)
             try:
                 _, err = proc.communicate(timeout=15)
@@ -262,7 +275,7 @@ def _run_then_signal(script: list[Any], sig: int, settle: float) -> tuple[list[i
             if proc.poll() is None:
                 proc.kill()
                 proc.communicate()
-    return pids, err
+    return pids, err, family
 
 
 def _signal_state(pid: int) -> str:
@@ -396,7 +409,7 @@ def test_persistent_loader_recovers_from_a_worker_killed_between_epochs() -> Non
 @pytest.mark.parametrize("kind", ["blobs", "stuck"])
 def test_workers_exit_when_their_parent_dies_while_blocked(kind: str) -> None:
     # settle: let the result pipe fill, or the fetches get stuck, before the parent dies
-    pids, _ = _run_then_signal([_SCRIPTS / "orphan.py", kind], signal.SIGKILL, settle=1.5)
+    pids, _, _ = _run_then_signal([_SCRIPTS / "orphan.py", kind], signal.SIGKILL, settle=1.5)
     alive = _wait_gone(pids)
     assert not alive, f"workers {alive} outlived their killed parent"
 
@@ -414,3 +427,38 @@ def test_interpreter_exit_after_break_with_persistent_workers_is_prompt_and_clea
     assert out.stdout.strip() == "done"
     assert out.stderr == ""  # no tracebacks, no leaked-semaphore or resource warnings
     assert time.monotonic() - t0 < 30
+
+
+def test_a_pass_lets_go_of_its_queues_off_the_main_thread() -> None:
+    """NOTE [ Ctrl-C and finalizers ]: a Ctrl-C landing in a finalizer in the main thread is
+    lost, so the finalizers of a closed pass's multiprocessing objects run in another thread."""
+    ran_in: list[str] = []
+    box: list[Any] = [_Finalized(ran_in)]
+    release_elsewhere(box)
+    del box
+    deadline = time.monotonic() + 10
+    while not ran_in and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert ran_in == ["asyncload-release"]
+
+    loader = asyncload.DataLoader(SyncNumbers(8), batch_size=2, num_workers=2)
+    it = iter(loader)
+    ran_in.clear()
+    weakref.finalize(it._workers._result_queue._reader, _Finalized.record, ran_in)  # type: ignore[union-attr]
+    list(it)  # the pass ends and closes its workers
+    deadline = time.monotonic() + 10
+    while not ran_in and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert ran_in == ["asyncload-release"]
+
+
+class _Finalized:
+    def __init__(self, ran_in: list[str]) -> None:
+        self.ran_in = ran_in
+
+    def __del__(self) -> None:
+        self.record(self.ran_in)
+
+    @staticmethod
+    def record(ran_in: list[str]) -> None:
+        ran_in.append(threading.current_thread().name)

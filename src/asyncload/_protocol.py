@@ -41,14 +41,17 @@ iterator is garbage, on an exception out of ``next()`` other than a failed batch
 ``load_state_dict``, and at interpreter exit (``atexit``). The workers belong to the pass, not
 to the loader; without persistent workers the next pass's processes may already be waiting for
 their config, started once this pass sent its last task (``_workers._standby``).
-``ProcessWorkers.close``, through ``_workers._processes.stop_processes`` (which also stops
+``ProcessWorkers.close``, through ``_workers._stop.stop_processes`` (which also stops
 standby processes no pass took), is the shutdown sequence:
 
 1. set ``done_event`` (workers stop putting results; pin thread stops);
 2. put ``Shutdown`` on every index queue; the worker's reader thread forwards it to the engine,
    which cancels its in-flight fetches, closes its storage clients and returns;
 3. join each worker for a few seconds, then ``terminate()``, then ``kill()``;
-4. ``cancel_join_thread()`` and ``close()`` every queue, so no feeder thread blocks the exit.
+4. ``cancel_join_thread()`` and ``close()`` every queue, so no feeder thread blocks the exit;
+   ``close()`` every exited process;
+5. let go of the queues, event and processes in another thread, so that their finalizers can't
+   swallow a Ctrl-C (NOTE [ Ctrl-C and finalizers ] in ``_workers/_stop.py``).
 
 A worker also exits on its own when its parent dies (the reader thread's watchdog sees a new
 parent pid or EOF on the index queue), so a SIGKILLed main process leaves no worker behind.

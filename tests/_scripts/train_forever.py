@@ -1,6 +1,8 @@
 """Iterate a long loader; print the worker pids once the first batch arrived.
 
-Run by tests/test_shutdown.py, which then kills or interrupts this process.
+With the argument ``epochs``, iterate short epochs for ever instead: each new pass's processes
+start in the background during the last one (standby workers). Run by tests/test_shutdown.py,
+which then kills or interrupts this process.
 """
 
 from __future__ import annotations
@@ -21,9 +23,14 @@ if __name__ == "__main__":
     # launchers) has it ignore SIGINT, and Python keeps an inherited SIG_IGN: the test would
     # wait for a Ctrl-C that can't arrive.
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    loader = asyncload.DataLoader(SyncNumbers(10**6, delay=0.01), batch_size=4, num_workers=2)
+    epochs = sys.argv[1:] == ["epochs"]
+    dataset = SyncNumbers(64 if epochs else 10**6, delay=0.01)
+    loader = asyncload.DataLoader(dataset, batch_size=4, num_workers=2)
     it = iter(loader)
     next(it)
     print(" ".join(str(pid) for pid in it.worker_pids), flush=True)
     for _ in it:
         pass
+    while epochs:
+        for _ in loader:
+            pass

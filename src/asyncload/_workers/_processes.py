@@ -27,7 +27,7 @@ from .._queues import unpack
 from .._shipping import Shipped
 from .._stats import RecorderSnapshot
 from .._worker import worker_main
-from ._stop import stop_processes
+from ._stop import release_elsewhere, stop_processes
 
 if TYPE_CHECKING:
     from ._standby import Standby, StandbySlot
@@ -80,9 +80,11 @@ class ProcessWorkers:
         self.count = len(configs)
         self.live_stats: Callable[[], RecorderSnapshot] | None = None  # they ride on replies
         self._closed = False
+        self._pids: tuple[int, ...] = ()  # kept once closed
         self._procs: list[Any] = []
         self._index_queues: list[Any] = []
         self._pin_thread: PinMemoryThread | None = None
+        self._replies: Any = None
         self._context, self._slot = context, standby
         waiting = standby.take(context, len(configs)) if standby is not None else None
         if waiting is not None:
@@ -118,7 +120,7 @@ class ProcessWorkers:
             raise
         if pin_device is not None:
             self._pin_thread = PinMemoryThread(self._result_queue, pin_device)
-            self._replies: Any = self._pin_thread.out
+            self._replies = self._pin_thread.out
         else:
             self._replies = self._result_queue
         self._last_check = time.monotonic()
@@ -172,7 +174,7 @@ class ProcessWorkers:
 
     @property
     def pids(self) -> tuple[int, ...]:
-        return tuple(p.pid for p in self._procs)
+        return self._pids if self._closed else tuple(p.pid for p in self._procs)
 
     def send(self, worker_id: int, msg: object) -> None:
         token = self._tokens[worker_id]
@@ -234,9 +236,16 @@ class ProcessWorkers:
         if self._closed:
             return
         self._closed = True
+        self._pids = self.pids
         if self._pin_thread is not None:
             self._pin_thread.stop()
-        stop_processes(self._procs, self._index_queues, self._result_queue, self._done_event)
+        # This object lets go of them: NOTE [ Ctrl-C and finalizers ] in _stop.py.
+        box: list[Any] = [self._procs, self._index_queues, self._result_queue, self._done_event]
+        box += [self._pin_thread, self._replies]
+        self._procs, self._index_queues = [], []
+        self._result_queue = self._done_event = self._replies = self._pin_thread = None
+        stop_processes(*box[:4])
+        release_elsewhere(box)
         for token in self._tokens:
             _shm.unregister_token(token)
 

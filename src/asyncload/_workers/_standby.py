@@ -29,7 +29,7 @@ import threading
 from typing import Any
 
 from .._protocol import Standing
-from ._stop import stop_processes
+from ._stop import JOIN_TIMEOUT, release_elsewhere, stop_processes
 
 __all__ = ["Standby", "StandbySlot"]
 
@@ -69,13 +69,20 @@ class Standby:
     def fits(self, context: Any, count: int) -> bool:
         """Whether a pass with this context and worker count can take these processes."""
         return (
-            self.count == count
+            self.count == count == len(self.procs)
             and self.context.get_start_method() == context.get_start_method()
             and all(p.is_alive() for p in self.procs)
         )
 
     def close(self) -> None:
-        stop_processes(self.procs, self.index_queues, self.result_queue, self.done_event)
+        if self.done_event is None:  # closed already
+            return
+        # This object lets go of them: NOTE [ Ctrl-C and finalizers ] in _stop.py.
+        box: list[Any] = [self.procs, self.index_queues, self.result_queue, self.done_event]
+        self.procs, self.index_queues = [], []
+        self.result_queue = self.done_event = None
+        stop_processes(*box)
+        release_elsewhere(box)
 
 
 class StandbySlot:
@@ -137,9 +144,19 @@ class StandbySlot:
         return standby
 
     def close(self) -> None:
-        """Stop the prepared processes, if any, and prepare no more."""
+        """Stop the prepared processes, if any, and prepare no more.
+
+        Runs at interpreter exit too, often while the last epoch's standby processes start
+        (nobody knew it was the last): waits for that start (tens of milliseconds), so that no
+        process is left starting while the interpreter tears down the queues it needs; at most
+        ``JOIN_TIMEOUT`` seconds, after which the starting thread stops what it started itself.
+        """
         with self._lock:
             self._closed = True
-        standby = self._settle()
+            thread = self._thread
+        if thread is not None:
+            thread.join(JOIN_TIMEOUT)
+        with self._lock:
+            standby, self._standby = self._standby, None
         if standby is not None:
             standby.close()

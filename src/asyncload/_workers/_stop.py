@@ -1,14 +1,33 @@
 """The shutdown sequence of worker processes, NOTE [ Data flow and shutdown ] in
-``_protocol.py``: written once, for a pass's workers and for standby ones (``_standby``)."""
+``_protocol.py``: written once, for a pass's workers and for standby ones (``_standby``).
+
+NOTE [ Ctrl-C and finalizers ]
+------------------------------
+Python runs signal handlers in the main thread only, at the next bytecode it executes. If that
+bytecode belongs to a finalizer (a ``__del__``, a weakref callback), the ``KeyboardInterrupt``
+is printed as "Exception ignored in ..." and lost: the training loop goes on as if Ctrl-C had
+never been pressed. A pass's multiprocessing objects carry many finalizers (each queue's two
+connections and three semaphores, the done event's semaphores, each process's descriptors),
+and without care they run in the main thread when the pass is dropped, every epoch::
+
+    main thread:  close() ── stop processes ── let go ──► release_elsewhere(box)
+    "asyncload-release":                                   waits for the caller to return,
+                                                           box.clear() → finalizers run here
+
+So the owners hand their objects to a short-lived thread, which drops the last references;
+the finalizers then run where no signal handler ever does.
+"""
 
 from __future__ import annotations
 
+import sys
+import threading
 import time
 from typing import Any
 
 from .._protocol import Shutdown
 
-__all__ = ["stop_processes"]
+__all__ = ["JOIN_TIMEOUT", "release_elsewhere", "stop_processes"]
 
 # Seconds to wait for a worker to exit on its own before terminate(), then kill().
 JOIN_TIMEOUT = 5.0
@@ -37,3 +56,29 @@ def stop_processes(procs: list[Any], index_queues: list[Any], result_queue: Any,
     for q in [*index_queues, result_queue]:
         q.cancel_join_thread()
         q.close()
+    for w in procs:
+        if not w.is_alive():
+            w.close()  # its descriptors now, and multiprocessing forgets it
+
+
+def release_elsewhere(box: list[Any]) -> None:
+    """Drop *box*'s contents in another thread (NOTE [ Ctrl-C and finalizers ]).
+
+    *box* must be the caller's only reference to what it holds, and the caller must not keep
+    *box* past its return.
+    """
+    try:
+        thread = threading.Thread(target=_release, args=(box,), name="asyncload-release")
+        thread.daemon = True
+        thread.start()
+    except RuntimeError:  # the interpreter is shutting down: no new threads, drop them here
+        pass
+
+
+def _release(box: list[Any]) -> None:
+    # Until the caller has returned: then only this frame, getrefcount's argument and the
+    # Thread's args tuple refer to box.
+    deadline = time.monotonic() + 1.0
+    while sys.getrefcount(box) > 3 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    box.clear()
