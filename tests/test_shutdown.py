@@ -248,9 +248,9 @@ def _run_then_signal(
     seconds, send *sig* to it.
 
     Returns the worker pids, what the script wrote to stderr, and the pids of every process
-    it had started when the signal left. A script still running 15 s
-    later fails the test with every thread's stack (faulthandler, on SIGABRT) and its process
-    tree, so that a hang shows where it is.
+    it had started when the signal left. A script still running 15 s later fails the test with
+    every thread's stack (faulthandler, on SIGABRT) and its process tree, so that a hang shows
+    where it is.
     """
     with subprocess.Popen(
         [sys.executable, "-X", "faulthandler", *map(str, script)],
@@ -436,20 +436,14 @@ def test_a_pass_lets_go_of_its_queues_off_the_main_thread() -> None:
     box: list[Any] = [_Finalized(ran_in)]
     release_elsewhere(box)
     del box
-    deadline = time.monotonic() + 10
-    while not ran_in and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert ran_in == ["asyncload-release"]
+    assert _Finalized.wait(ran_in) == ["asyncload-release"]
 
     loader = asyncload.DataLoader(SyncNumbers(8), batch_size=2, num_workers=2)
     it = iter(loader)
     ran_in.clear()
     weakref.finalize(it._workers._result_queue._reader, _Finalized.record, ran_in)  # type: ignore[union-attr]
     list(it)  # the pass ends and closes its workers
-    deadline = time.monotonic() + 10
-    while not ran_in and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert ran_in == ["asyncload-release"]
+    assert _Finalized.wait(ran_in) == ["asyncload-release"]
 
 
 class _Finalized:
@@ -462,3 +456,11 @@ class _Finalized:
     @staticmethod
     def record(ran_in: list[str]) -> None:
         ran_in.append(threading.current_thread().name)
+
+    @staticmethod
+    def wait(ran_in: list[str]) -> list[str]:
+        """*ran_in* once a finalizer recorded its thread (or after 10 s)."""
+        deadline = time.monotonic() + 10
+        while not ran_in and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return ran_in

@@ -77,7 +77,8 @@ def release_elsewhere(box: list[Any]) -> None:
 
 def _release(box: list[Any]) -> None:
     # Until the caller has returned: then only this frame, getrefcount's argument and the
-    # Thread's args tuple refer to box.
+    # Thread's args tuple refer to box. (Were it fewer in some Python, the wait would just end
+    # at once, the finalizers maybe in the caller's thread as before; never a hang.)
     deadline = time.monotonic() + 1.0
     while sys.getrefcount(box) > 3 and time.monotonic() < deadline:
         time.sleep(0.001)
