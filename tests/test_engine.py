@@ -7,6 +7,7 @@ against a real server.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import random
 from collections.abc import AsyncIterator
 from typing import Any
@@ -195,3 +196,47 @@ def test_notes_made_by_an_engines_fetches_count_for_that_engine_only() -> None:
     assert rec.bytes == 12 * 10
     assert rec.samples == 12
     assert _metrics.recorder.bytes == before + 1
+
+
+# ── awaitables an iterable dataset yields: each one awaited or closed, never dropped ──────────
+
+
+class _Lazy(asyncload.IterableDataset[int]):
+    """Yields unawaited coroutines (as ``Mix`` does for a map-style source); keeps them all."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.made: list[Any] = []
+
+    async def _fetch(self, i: int) -> int:
+        await asyncio.sleep(0.05)
+        return i
+
+    async def __aiter__(self) -> AsyncIterator[Any]:
+        for i in range(self.n):
+            coro = self._fetch(i)
+            self.made.append(coro)
+            yield coro
+
+
+@pytest.mark.parametrize("settle", [0.0, 0.01])
+def test_a_shutdown_closes_every_awaitable_it_did_not_await(settle: float) -> None:
+    # Two slots: the pump holds a third coroutine while it waits for one, and the tasks it
+    # started may not have run yet when the shutdown comes; none may go unawaited.
+    ds = _Lazy(20)
+
+    async def main() -> None:
+        engine = Engine(_config(ds, iterable=True, max_concurrency=2), [].append, "in a test")
+        inbox: asyncio.Queue[object] = asyncio.Queue()
+        runner = asyncio.ensure_future(engine.run(inbox))
+        inbox.put_nowait(IterTask(0, 0))
+        await asyncio.sleep(settle)
+        inbox.put_nowait(Shutdown())
+        await asyncio.wait_for(runner, 5)
+
+    asyncio.run(main())
+    states = [inspect.getcoroutinestate(c) for c in ds.made]
+    for c in ds.made:
+        c.close()
+    assert len(states) >= 3
+    assert set(states) == {inspect.CORO_CLOSED}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import time
 from collections.abc import AsyncIterator
@@ -99,9 +100,14 @@ class IterFetching(EngineCore):
             async for got in it:
                 tag, item = got if self._tagged else (None, got)
                 if inspect.isawaitable(item):
-                    await self._sem.acquire()
+                    try:
+                        await self._sem.acquire()
+                    except BaseException:
+                        _close_unawaited(item)
+                        raise
                     self.recorder.in_flight += 1
                     item = self._spawn(self._await_one(item))
+                    item.add_done_callback(functools.partial(self._settle, got))
                 else:
                     self.recorder.note_sample(0.0)
                 await ahead.put((tag, item) if self._tagged else item)
@@ -117,11 +123,18 @@ class IterFetching(EngineCore):
             result = await aw
         except asyncio.CancelledError as exc:
             raise self._as_failure(exc) from exc
-        finally:
-            self._sem.release()
-            self.recorder.in_flight -= 1
         self.recorder.note_sample(time.perf_counter() - t0)
         return result
+
+    def _settle(self, got: Any, task: asyncio.Task[Any]) -> None:
+        """Free the slot of a fetch that ended, however it ended.
+
+        A done callback rather than a ``finally``: a task cancelled before its first step never
+        runs its coroutine, so neither its ``finally`` nor the awaitable it was given.
+        """
+        self._sem.release()
+        self.recorder.in_flight -= 1
+        _close_unawaited(got[1] if self._tagged else got)
 
 
 async def _skipping(dataset: Any, skip: int) -> AsyncIterator[Any]:
@@ -139,6 +152,13 @@ async def _skipping(dataset: Any, skip: int) -> AsyncIterator[Any]:
                 item.close()
             continue
         yield item
+
+
+def _close_unawaited(item: Any) -> None:
+    """Close *item* if it is a coroutine never awaited (a no-op on one that ran), so that
+    dropping it loses nothing and warns nothing."""
+    if inspect.iscoroutine(item):
+        item.close()
 
 
 @dataclass(frozen=True, slots=True)
