@@ -89,7 +89,9 @@ def _local_loop(paths: list[str]) -> float:
 
 def _age(root: Path) -> None:
     """Make every entry look last used a minute ago, as entries are when epoch 2 comes: each
-    hit then pays its LRU touch (an ``os.utime``) as it would in a real epoch."""
+    hit then pays its LRU touch (an ``os.utime``) as it would in a real epoch. The process
+    also forgets which entries it touched lately (it would not touch them again)."""
+    _cache.reset()
     past = time.time() - 60
     for sub in (root / "objects").iterdir():
         for entry in sub.iterdir():

@@ -6,6 +6,9 @@ import os
 import time
 from pathlib import Path
 
+import pytest
+
+from asyncload import _cache_dir
 from asyncload._cache_dir import CacheDir
 
 
@@ -57,3 +60,30 @@ def test_a_hit_marks_the_entry_used_so_eviction_keeps_it(tmp_path: Path) -> None
     left = {k for k in "abcd" if os.path.exists(d.path(k * 64))}
     assert {"a", "d"} <= left
     assert "b" not in left
+
+
+def test_an_entry_longer_than_its_header_says_is_never_returned(tmp_path: Path) -> None:
+    d = make(tmp_path)
+    assert d.store("k" * 64, b"x" * 5000, None) is None
+    with open(d.path("k" * 64), "ab") as f:
+        f.write(b"y")
+    assert d.read("k" * 64, None, None, 1 << 20) is None
+    assert not os.path.exists(d.path("k" * 64))
+
+
+def test_a_process_touches_an_entry_at_most_once_per_interval(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    d = make(tmp_path)
+    assert d.store("k" * 64, b"x" * 5000, None) is None
+    path, old = d.path("k" * 64), time.time() - 3600
+
+    def read_from_old() -> float:
+        os.utime(path, (old, old))
+        assert d.read("k" * 64, None, None, 1 << 20) == b"x" * 5000
+        return os.stat(path).st_mtime
+
+    assert read_from_old() > old + 3000  # the first hit marks it used
+    assert read_from_old() == old  # a second one within the interval does not write again
+    monkeypatch.setattr(_cache_dir, "_TOUCH_EVERY", 0.0)
+    assert read_from_old() > old + 3000  # and one after it does

@@ -169,12 +169,8 @@ class Cache:
         global _hits, _misses
         key = _key(url)
         if stat is None:
-            # The hit path: one call, no coroutine, no thread hop (the page cache answers a
-            # small read faster than a hop to a thread would).
             got = self.dir.read(key, start, end, _INLINE_READ)
-            if isinstance(got, int):
-                got = await self._hit(key, start, end, None)
-            data = got
+            data = await self._hit(key, start, end, None) if isinstance(got, int) else got
         else:
             stat = _once(stat)  # a stale entry's HEAD also gives the ETag to store
             data = await self._hit(key, start, end, stat)
@@ -182,6 +178,33 @@ class Cache:
             _hits += 1
             note_count("cache_hits")
             return data
+        return await self._miss(key, url, start, end, fetch, stat)
+
+    def lookup(self, url: str, start: int | None, end: int | None) -> bytes | None:
+        """The hit path, synchronous: bytes ``[start, end)`` of *url* when the cache holds it
+        and the read is small, else ``None`` (then ``read`` does the rest).
+
+        One call, no coroutine, no thread hop: the page cache answers a small read faster
+        than a hop to a thread would.
+        """
+        global _hits
+        got = self.dir.read(_key(url), start, end, _INLINE_READ)
+        if got is None or isinstance(got, int):
+            return None
+        _hits += 1
+        note_count("cache_hits")
+        return got
+
+    async def _miss(
+        self,
+        key: str,
+        url: str,
+        start: int | None,
+        end: int | None,
+        fetch: Callable[[int | None, int | None], Awaitable[bytes]],
+        stat: Callable[[], Awaitable[ObjectInfo]] | None,
+    ) -> bytes:
+        global _hits, _misses
         if start is not None or end is not None:
             _misses += 1
             note_count("cache_misses")
