@@ -107,7 +107,7 @@ class IterFetching(EngineCore):
                         raise
                     self.recorder.in_flight += 1
                     item = self._spawn(self._await_one(item))
-                    item.add_done_callback(functools.partial(self._settle, got))
+                    item.add_done_callback(functools.partial(self._settle, self._sem, got))
                 else:
                     self.recorder.note_sample(0.0)
                 await ahead.put((tag, item) if self._tagged else item)
@@ -126,13 +126,13 @@ class IterFetching(EngineCore):
         self.recorder.note_sample(time.perf_counter() - t0)
         return result
 
-    def _settle(self, got: Any, task: asyncio.Task[Any]) -> None:
-        """Free the slot of a fetch that ended, however it ended.
+    def _settle(self, sem: asyncio.Semaphore, got: Any, task: asyncio.Task[Any]) -> None:
+        """Free the slot (of *sem*, the pass's) of a fetch that ended, however it ended.
 
         A done callback rather than a ``finally``: a task cancelled before its first step never
         runs its coroutine, so neither its ``finally`` nor the awaitable it was given.
         """
-        self._sem.release()
+        sem.release()
         self.recorder.in_flight -= 1
         _close_unawaited(got[1] if self._tagged else got)
 
