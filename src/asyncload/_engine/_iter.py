@@ -106,8 +106,9 @@ class IterFetching(EngineCore):
                         _close_unawaited(item)
                         raise
                     self.recorder.in_flight += 1
-                    item = self._spawn(self._await_one(item))
-                    item.add_done_callback(functools.partial(self._settle, self._sem, got))
+                    slot = _Slot(self._sem, item)
+                    item = self._spawn(self._await_one(slot))
+                    item.add_done_callback(functools.partial(self._never_ran, slot))
                 else:
                     self.recorder.note_sample(0.0)
                 await ahead.put((tag, item) if self._tagged else item)
@@ -117,24 +118,30 @@ class IterFetching(EngineCore):
             return
         await ahead.put(end)
 
-    async def _await_one(self, aw: Any) -> Any:
+    async def _await_one(self, slot: _Slot) -> Any:
+        slot.ran = True
         t0 = time.perf_counter()
         try:
-            result = await aw
+            result = await slot.awaitable
         except asyncio.CancelledError as exc:
             raise self._as_failure(exc) from exc
+        finally:
+            # Here, not in a callback: the slot is free before whoever awaits this task runs
+            # (the batch it completes sees in_flight == 0 and sends final counts).
+            self._free(slot)
         self.recorder.note_sample(time.perf_counter() - t0)
         return result
 
-    def _settle(self, sem: asyncio.Semaphore, got: Any, task: asyncio.Task[Any]) -> None:
-        """Free the slot (of *sem*, the pass's) of a fetch that ended, however it ended.
+    def _never_ran(self, slot: _Slot, task: asyncio.Task[Any]) -> None:
+        """A task cancelled before its first step never runs its coroutine: neither the
+        ``finally`` above nor the awaitable it was given. Free its slot and close that."""
+        if not slot.ran:
+            self._free(slot)
+            _close_unawaited(slot.awaitable)
 
-        A done callback rather than a ``finally``: a task cancelled before its first step never
-        runs its coroutine, so neither its ``finally`` nor the awaitable it was given.
-        """
-        sem.release()
+    def _free(self, slot: _Slot) -> None:
+        slot.sem.release()  # the pass's, taken in _pump (a new pass has a new one)
         self.recorder.in_flight -= 1
-        _close_unawaited(got[1] if self._tagged else got)
 
 
 async def _skipping(dataset: Any, skip: int) -> AsyncIterator[Any]:
@@ -152,6 +159,15 @@ async def _skipping(dataset: Any, skip: int) -> AsyncIterator[Any]:
                 item.close()
             continue
         yield item
+
+
+class _Slot:
+    """One fetch slot taken for an awaitable the dataset yielded."""
+
+    __slots__ = ("awaitable", "ran", "sem")
+
+    def __init__(self, sem: asyncio.Semaphore, awaitable: Any) -> None:
+        self.sem, self.awaitable, self.ran = sem, awaitable, False
 
 
 def _close_unawaited(item: Any) -> None:
