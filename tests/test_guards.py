@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -146,3 +147,10 @@ def test_a_worker_that_cannot_unpickle_its_arguments_says_so(method: str) -> Non
         list(loader)
     assert "Can't get attribute 'Vanished'" in str(info.value)
     assert "exit code" not in str(info.value)
+
+
+def test_a_loader_built_outside_the_guard_starts_nothing_from_the_servers_copy() -> None:
+    out = _run([str(SCRIPTS / "built_at_top.py"), "forkserver"])
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result == {"batches": [[0, 1, 2], [3, 4, 5]], "servers": 1}

@@ -108,10 +108,21 @@ def test_a_dataset_that_stopped_pickling_is_named_and_nothing_is_left() -> None:
         _epoch(loader)
 
 
-def test_persistent_workers_and_fork_start_no_standby() -> None:
-    for kw in ({"persistent_workers": True}, {"multiprocessing_context": "fork"}):
-        loader = asyncload.DataLoader(Tagged(32), batch_size=8, num_workers=2, **kw)
+def test_the_first_pass_runs_on_processes_started_when_the_loader_was_built() -> None:
+    for kw in ({}, {"persistent_workers": True}):
         before = {p.pid for p in worker_processes()}
+        loader = asyncload.DataLoader(Tagged(32), batch_size=8, num_workers=2, **kw)
+        early = _new_workers(before, 2)  # before any iter()
+        assert len(early) == 2, kw
+        assert {pid for _, pid, _ in _epoch(loader)} == early, kw
+        del loader
+        gc.collect()
+
+
+def test_persistent_workers_and_fork_start_no_standby_after_the_first_pass() -> None:
+    for kw in ({"persistent_workers": True}, {"multiprocessing_context": "fork"}):
+        before = {p.pid for p in worker_processes()}
+        loader = asyncload.DataLoader(Tagged(32), batch_size=8, num_workers=2, **kw)
         it = iter(loader)
         pids = {int(p) for _, batch_pids, _ in it for p in batch_pids}
         time.sleep(0.3)  # a standby would have been started by now

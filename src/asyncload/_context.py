@@ -36,6 +36,7 @@ from ._exceptions import AsyncloadWarning, NotPicklable
 __all__ = [
     "AsyncloadWarning",
     "diagnose_pickling",
+    "early_context",
     "resolve_context",
     "start_early",
     "user_stacklevel",
@@ -125,31 +126,40 @@ def _named(requested: Any) -> multiprocessing.context.BaseContext:
 _early = False
 
 
-def start_early(requested: Any) -> bool:
-    """Start the forkserver, with torch and asyncload preloaded, in a background thread.
+def early_context(requested: Any) -> BaseContext | None:
+    """The forkserver context a loader built with *requested* will use, when starting its
+    processes before ``iter()`` is safe; else ``None``.
 
-    Called when a loader with workers is built: the server's one-time imports (1-2 s) then
-    overlap whatever the program does before ``iter(loader)``, and the first batch only waits
-    for workers forked from a warm server (milliseconds). Only for ``forkserver``: nothing of
-    the loader's own starts early (no worker, no shared memory, no seed drawn), so a loader
-    that is never iterated leaves nothing behind but the process-wide forkserver, which
-    multiprocessing stops at exit. Not in a notebook (workers are forked there), and not from a
-    daemonic process (a worker). Returns whether it started the server.
+    Only for ``forkserver``: its children fork from a clean server and import nothing of
+    ``__main__``. Not in a notebook (workers are forked there), not from a daemonic process (a
+    worker), not for a loader built outside the main guard (the server would run the script
+    again), and not for a name that is wrong (``iter()`` reports it).
     """
-    global _early
-    if _early or multiprocessing.current_process().daemon:
-        return False
-    ctx: multiprocessing.context.BaseContext
+    if multiprocessing.current_process().daemon or _guards.built_outside_the_guard():
+        return None
     try:
         if requested is None:
             if "forkserver" not in multiprocessing.get_all_start_methods() or _interactive():
-                return False
-            ctx = multiprocessing.get_context("forkserver")
-        else:
-            ctx = _named(requested)
-            if ctx.get_start_method() != "forkserver":
-                return False
-    except (ValueError, AttributeError):  # a bad name: iter() reports it
+                return None
+            return multiprocessing.get_context("forkserver")
+        ctx = _named(requested)
+    except (ValueError, AttributeError):
+        return None
+    return ctx if ctx.get_start_method() == "forkserver" else None
+
+
+def start_early(requested: Any) -> bool:
+    """Start the forkserver, with torch and asyncload preloaded, in a background thread.
+
+    Called when a loader with workers is built (for an ``early_context`` only): the server's
+    one-time imports (1-2 s) then overlap whatever the program does before ``iter(loader)``.
+    The loader then starts its first pass's processes from it, also in the background
+    (``_workers._standby``), so the first batch waits for neither. Returns whether it started
+    the server (once per process; multiprocessing stops it at exit).
+    """
+    global _early
+    ctx = early_context(requested)
+    if _early or ctx is None:
         return False
     _early = True
     _preload(ctx)

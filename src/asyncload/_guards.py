@@ -81,6 +81,22 @@ def refuse_during_bootstrap() -> None:
         raise exc
 
 
+def built_outside_the_guard() -> bool:
+    """Whether a loader is being built while this process re-imports the main module, or at
+    the main module's top level outside ``if __name__ == "__main__":``.
+
+    Nothing may start before ``iter()`` then: a forkserver would import that script again and
+    build the loader again in its own process (``iter()`` raises the error that says so).
+    """
+    if getattr(multiprocessing.process.current_process(), "_inheriting", False):
+        return True
+    path, line = main_file(), _module_level_call()
+    if path is None or line is None:
+        return False
+    tree = _parse(path)
+    return tree is None or not _guarded(tree.body, line)
+
+
 # ── the main module's source ──────────────────────────────────────────────────────────────────
 
 

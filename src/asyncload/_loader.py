@@ -24,7 +24,7 @@ import torch
 import torch.utils.data
 
 from . import _budget, _checkpoint, _elastic, _elastic_iter, _sharding, _stats
-from ._context import start_early
+from ._context import early_context, start_early
 from ._lookahead import DEFAULT_PREFETCH_BYTES
 from ._pass import Pass, State
 from ._pin_memory import accelerator_device
@@ -201,12 +201,16 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
         self._resume: ResumePoint | None = None
         self._standby: StandbySlot | None = None
         if self.num_workers > 0:
-            # The forkserver's one-time imports overlap the caller's set-up, not the first batch.
-            start_early(self.multiprocessing_context)
-            if not self.persistent_workers:
-                # Each pass starts the next one's processes once it has sent its last task.
-                self._standby = StandbySlot()
-                weakref.finalize(self, self._standby.close)
+            # Processes started ahead of the pass that takes them (_workers/_standby.py): the
+            # first pass's from here, in the background, overlapping the caller's set-up (with
+            # the forkserver's one-time imports); without persistent workers, each pass starts
+            # the next one's once it has sent its last task.
+            self._standby = StandbySlot()
+            weakref.finalize(self, self._standby.close)
+            early = early_context(self.multiprocessing_context)
+            if early is not None:
+                start_early(early)
+                self._standby.prepare(early, self.num_workers)
 
     def _spec(self) -> PassSpec:
         if self.pin_memory and self.pin_memory_device:

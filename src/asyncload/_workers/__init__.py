@@ -109,5 +109,6 @@ def start_workers(
         # that, torch's path (NOTE [ Reused shared memory ]).
         shm_blocks=4 * spec.outstanding_per_worker + 8,
         sent_objects=sent_objects,
-        standby=None if spec.persistent else spec.standby,
+        standby=spec.standby,
+        next_pass=not spec.persistent,
     )

@@ -64,6 +64,8 @@ class ProcessWorkers:
         sent_objects: The user's objects every worker receives, named for pickling errors.
         standby: Where processes started ahead of this pass may wait (``_standby``), and
             where this pass starts the next pass's once it has sent its last task.
+        next_pass: Whether the next pass needs processes of its own (not with persistent
+            workers: it runs on these).
     """
 
     def __init__(
@@ -75,6 +77,7 @@ class ProcessWorkers:
         shm_blocks: int,
         sent_objects: dict[str, Any],
         standby: StandbySlot | None = None,
+        next_pass: bool = True,
     ) -> None:
         # Every field close() touches is set before anything can fail.
         self.count = len(configs)
@@ -85,7 +88,7 @@ class ProcessWorkers:
         self._index_queues: list[Any] = []
         self._pin_thread: PinMemoryThread | None = None
         self._replies: Any = None
-        self._context, self._slot = context, standby
+        self._context, self._slot, self._next_pass = context, standby, next_pass
         waiting = standby.take(context, len(configs)) if standby is not None else None
         if waiting is not None:
             self._done_event, self._result_queue = waiting.done_event, waiting.result_queue
@@ -169,7 +172,7 @@ class ProcessWorkers:
 
     def prepare_next(self) -> None:
         """This pass has sent its last task: start the next pass's processes meanwhile."""
-        if self._slot is not None and not self._closed:
+        if self._slot is not None and self._next_pass and not self._closed:
             self._slot.prepare(self._context, self.count)
 
     @property

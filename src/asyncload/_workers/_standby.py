@@ -6,7 +6,11 @@ interpreter's first steps: 20-30 ms of every ``iter(loader)`` here, before any r
 So once a pass has sent its last task, ``StandbySlot.prepare`` starts the next pass's
 processes in a background thread, while that pass's last batches are still being fetched.
 They wait for their ``WorkerConfig`` on their index queue (``worker_main`` given ``Standing``),
-and the next pass takes them (``StandbySlot.take``) and sends each its config::
+and the next pass takes them (``StandbySlot.take``) and sends each its config. A loader
+prepares its first pass's processes the same way when it is built, under ``forkserver``
+(``_context.early_context``), so the first batch of a loader built a moment before
+``iter()`` waits for no process either (with persistent workers too: that first set is all
+they need)::
 
     pass N: ... last task sent ──► prepare(): start processes ──► they wait, watching the
                                                                   main process
