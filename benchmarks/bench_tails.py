@@ -17,7 +17,9 @@ first-batch time (``iter()`` to the first batch, workers started from a warm for
 ``max_concurrency`` (the default's trade-off). ``--startup`` prints only first-batch times of a
 loader built 2 s before ``iter()`` in a fresh interpreter, then of its next 4 epochs (new
 workers each, started during the epoch before: standby workers) with what ``iter()`` itself
-took, for the default start method and for ``multiprocessing_context="forkserver"``.
+took, for the default start method and for ``multiprocessing_context="forkserver"``; and, as
+the floor of this machine, when a new aiohttp client that asks for the same 256 objects at
+once has its 32nd (median of 4, in the same process, against the same server).
 
     .venv/bin/python benchmarks/bench_tails.py            # about 2-3 minutes
     .venv/bin/python benchmarks/bench_tails.py --quick    # smoke run, two distributions
@@ -235,10 +237,24 @@ def main(argv: list[str] | None = None) -> int:
 
 
 _STARTUP = """
-import sys, time
+import asyncio, sys, time
 sys.path.insert(0, {bench!r})
 from _server import ObjectServerProcess
+import aiohttp
 import asyncload
+
+
+async def raw_first_batch(urls):
+    # A new client, every object requested at once: when its 32nd object is in.
+    t0, done = time.perf_counter(), []
+    connector = aiohttp.TCPConnector(limit=len(urls))
+    async with aiohttp.ClientSession(connector=connector) as session:
+        async def one(url):
+            async with session.get(url) as resp:
+                await resp.read()
+            done.append(time.perf_counter() - t0)
+        await asyncio.gather(*(one(u) for u in urls))
+    return sorted(done)[31]
 
 
 def main(ctx):
@@ -259,7 +275,9 @@ def main(ctx):
             for _ in it:
                 pass
         later, later_iters = sorted(firsts[1:]), sorted(iters[1:])
-        print("RESULT", firsts[0], sum(later[1:3]) / 2, sum(later_iters[1:3]) / 2)
+        raw = sorted(asyncio.run(raw_first_batch(urls)) for _ in range(4))
+        medians = [sum(x[1:3]) / 2 for x in (later, later_iters, raw)]
+        print("RESULT", firsts[0], *medians)
 
 
 if __name__ == "__main__":  # the forkserver imports this module
@@ -275,9 +293,9 @@ def _print_startup() -> None:
     print("(later epochs: median of epochs 2-5)\n")
     print(
         "| multiprocessing_context | first batch, first epoch | first batch, later epochs "
-        "| iter(), later epochs |"
+        "| iter(), later epochs | raw aiohttp: 32nd of 256 objects, new client |"
     )
-    print("|---|---|---|---|")
+    print("|---|---|---|---|---|")
     # A script file, not ``-c``: without a file __main__ would make the loader fall back to fork.
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "startup.py"
@@ -298,8 +316,8 @@ def _startup_row(script: Path, ctx: str) -> None:
     if out.returncode != 0:
         raise SystemExit(f"start-up run failed:\n{out.stderr}")
     line = next(ln for ln in out.stdout.splitlines() if ln.startswith("RESULT"))
-    first, later, iter_s = (float(x) for x in line.split()[1:])
-    print(f"| {json.dumps(ctx or None)} | {first:.3f} | {later:.3f} | {iter_s:.3f} |")
+    first, later, iter_s, raw = (float(x) for x in line.split()[1:])
+    print(f"| {json.dumps(ctx or None)} | {first:.3f} | {later:.3f} | {iter_s:.3f} | {raw:.3f} |")
 
 
 if __name__ == "__main__":
