@@ -240,3 +240,61 @@ def test_a_shutdown_closes_every_awaitable_it_did_not_await(settle: float) -> No
         c.close()
     assert len(states) >= 3
     assert set(states) == {inspect.CORO_CLOSED}
+
+
+def test_a_new_pass_leaves_no_fetch_of_the_old_one_running() -> None:
+    # Fetches end every few ms, so a slot often frees in the same loop turn as StartPass: the
+    # pump must not start a fetch then that the engine no longer tracks.
+    class Quick(_Lazy):
+        async def _fetch(self, i: int) -> int:
+            await asyncio.sleep(0.001 * (i % 3))
+            return i
+
+    async def main() -> list[int]:
+        seen = []
+        for k in range(40):
+            out: list[Any] = []
+            cfg = _config(Quick(10_000), iterable=True, max_concurrency=2)
+            engine = Engine(cfg, out.append, "in a test")
+            inbox: asyncio.Queue[object] = asyncio.Queue()
+            runner = asyncio.ensure_future(engine.run(inbox))
+            inbox.put_nowait(IterTask(0, 0))
+            await asyncio.sleep(0.0005 * k)
+            inbox.put_nowait(StartPass(1, epoch=None, shared_seed=None))
+            for _ in range(200):  # bounded: the new pass is acknowledged within ~2 s
+                if PassStarted(1, 0) in out:
+                    break
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.01)  # a stray fetch of the old pass would have ended by now
+            seen.append(engine.recorder.in_flight)  # -1: it counted itself out of the new pass
+            inbox.put_nowait(Shutdown())
+            await asyncio.wait_for(runner, 5)
+        return seen
+
+    assert set(asyncio.run(main())) == {0}
+
+
+def test_a_shutdown_cancels_every_future_it_did_not_await() -> None:
+    class Futures(asyncload.IterableDataset[Any]):
+        def __init__(self) -> None:
+            self.made: list[asyncio.Future[int]] = []
+
+        async def __aiter__(self) -> AsyncIterator[Any]:
+            for _ in range(20):  # futures nobody resolves: only the engine can end them
+                self.made.append(asyncio.get_running_loop().create_future())
+                yield self.made[-1]
+
+    async def main() -> list[bool]:
+        ds = Futures()
+        engine = Engine(_config(ds, iterable=True, max_concurrency=2), [].append, "in a test")
+        inbox: asyncio.Queue[object] = asyncio.Queue()
+        runner = asyncio.ensure_future(engine.run(inbox))
+        inbox.put_nowait(IterTask(0, 0))
+        await asyncio.sleep(0.01)  # two awaited, a third held while the pump waits for a slot
+        inbox.put_nowait(Shutdown())
+        await asyncio.wait_for(runner, 5)
+        return [f.cancelled() for f in ds.made]
+
+    cancelled = asyncio.run(main())
+    assert len(cancelled) >= 3
+    assert all(cancelled)

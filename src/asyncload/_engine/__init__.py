@@ -10,6 +10,7 @@ one coroutine per sample, collates a batch the moment its last sample lands and 
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from .. import _metrics
 from .._protocol import IndexTask, IterTask, PassStarted, Shutdown, StartPass
@@ -71,18 +72,18 @@ class Engine(MapFetching, IterFetching):
             await self._cancel_all()
 
     async def _cancel_all(self) -> None:
-        tasks = list(self._tasks)
+        starters = []
         for attr in ("_iter_task", "_starter"):
             task = getattr(self, attr)
             if task is not None:
-                tasks.append(task)
+                starters.append(task)
                 setattr(self, attr, None)
         self._cancelling = True
         try:
-            for t in tasks:
-                t.cancel()
-            if tasks:
-                await asyncio.gather(*tasks, return_exceptions=True)
+            # What starts fetches stops first (the iterable pump with it): then no fetch can
+            # start that this snapshot of the fetches misses.
+            await _cancel_and_wait(starters)
+            await _cancel_and_wait(list(self._tasks))
         finally:
             self._cancelling = False
         self._tasks.clear()
@@ -90,3 +91,10 @@ class Engine(MapFetching, IterFetching):
         self._batches = asyncio.Queue()
         self._sem = asyncio.Semaphore(self.cfg.max_concurrency)
         self.recorder.in_flight = 0
+
+
+async def _cancel_and_wait(tasks: list[asyncio.Task[Any]]) -> None:
+    for t in tasks:
+        t.cancel()
+    if tasks:
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -171,10 +171,12 @@ class _Slot:
 
 
 def _close_unawaited(item: Any) -> None:
-    """Close *item* if it is a coroutine never awaited (a no-op on one that ran), so that
-    dropping it loses nothing and warns nothing."""
+    """Close *item* if it is a coroutine never awaited (a no-op on one that ran), or cancel it
+    if it is a future, so that dropping it loses nothing and warns nothing."""
     if inspect.iscoroutine(item):
         item.close()
+    elif isinstance(item, asyncio.Future):
+        item.cancel()
 
 
 @dataclass(frozen=True, slots=True)
