@@ -77,7 +77,9 @@ class CacheDir:
         self._ready = False
         # Every hit builds its entry's path: one concatenation, not os.path.join's checks.
         self._objects = os.path.join(self.root, "objects", "")
-        self._touched: dict[str, float] = {}  # key -> when this process last touched it
+        # Entries this process touched since _touched_since (at most _TOUCH_EVERY ago).
+        self._touched: set[str] = set()
+        self._touched_since = time.monotonic()
 
     def setup(self) -> None:
         if not self._ready:
@@ -163,17 +165,23 @@ class CacheDir:
         return offset, size, etag
 
     def _touch(self, key: str, fd: int) -> None:
-        """LRU: set the entry's mtime, at most every ``_TOUCH_EVERY`` seconds per process.
+        """LRU: set the entry's mtime, at most once per ``_TOUCH_EVERY`` seconds per process.
 
         Remembered here rather than read back with an fstat: one syscall less on every hit.
+        The set starts afresh every interval, so it holds only what was used in the last one.
+        Best effort: an entry that can't be touched (another user's) is still read.
         """
         now = time.monotonic()
-        if now - self._touched.get(key, -_TOUCH_EVERY) < _TOUCH_EVERY:
+        if now - self._touched_since >= _TOUCH_EVERY or len(self._touched) >= _TOUCHED_MAX:
+            self._touched.clear()
+            self._touched_since = now
+        if key in self._touched:
             return
-        os.utime(fd)
-        if len(self._touched) >= _TOUCHED_MAX:
-            self._touched.clear()  # bounded; forgetting costs one early touch per entry
-        self._touched[key] = now
+        self._touched.add(key)
+        try:
+            os.utime(fd)
+        except OSError:
+            pass
 
     # -- writing an entry -------------------------------------------------------------------
     def store(self, key: str, data: bytes, etag: str | None) -> OSError | None:
