@@ -132,11 +132,39 @@ def test_persistent_workers_and_fork_start_no_standby_after_the_first_pass() -> 
         gc.collect()
 
 
-def test_a_slot_closed_while_starting_stops_what_it_started() -> None:
-    slot = StandbySlot()
+def _gone(pids: set[int], timeout: float = 10.0) -> set[int]:
+    """Those of *pids* still running after up to *timeout* seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        alive = {p.pid for p in worker_processes()} & pids
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.02)
+
+
+def test_a_loader_dropped_before_iterating_stops_the_processes_it_started() -> None:
     before = {p.pid for p in worker_processes()}
-    slot.prepare(multiprocessing.get_context("forkserver"), 2)
-    slot.close()  # waits for the start, then stops both
+    loader = asyncload.DataLoader(Tagged(32), batch_size=8, num_workers=2)
+    early = _new_workers(before, 2)
+    assert len(early) == 2
+    del loader
+    gc.collect()
+    assert not _gone(early)
+
+
+def test_a_slot_closed_while_starting_stops_what_it_started() -> None:
+    forkserver = multiprocessing.get_context("forkserver")
+    before = {p.pid for p in worker_processes()}
+    slot = StandbySlot()
+    slot.prepare(forkserver, 2)
+    starting = slot._thread
+    slot.close()  # a loader collected at once: no wait, the start stops what it started
+    assert starting is not None
+    starting.join(10)
+    assert not _gone({p.pid for p in worker_processes()} - before)
+    slot = StandbySlot()
+    slot.prepare(forkserver, 2)
+    slot.close(wait=True)  # at exit: waits for the start, then stops both
     assert not ({p.pid for p in worker_processes()} - before)
     slot.prepare(multiprocessing.get_context("forkserver"), 2)  # closed: starts nothing
     assert slot.take(multiprocessing.get_context("forkserver"), 2) is None

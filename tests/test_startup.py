@@ -9,6 +9,7 @@ from __future__ import annotations
 import gc
 import importlib.util
 import json
+import multiprocessing
 import os
 import subprocess
 import sys
@@ -70,4 +71,4 @@ def test_the_early_start_happens_once_per_process() -> None:
 
     # Once per process: a second loader does not start another thread.
     asyncload.DataLoader(list(range(8)), num_workers=1)
-    assert _context.start_early("forkserver") is False
+    assert _context.start_early(multiprocessing.get_context("forkserver")) is False

@@ -130,10 +130,12 @@ def early_context(requested: Any) -> BaseContext | None:
     """The forkserver context a loader built with *requested* will use, when starting its
     processes before ``iter()`` is safe; else ``None``.
 
-    Only for ``forkserver``: its children fork from a clean server and import nothing of
-    ``__main__``. Not in a notebook (workers are forked there), not from a daemonic process (a
-    worker), not for a loader built outside the main guard (the server would run the script
-    again), and not for a name that is wrong (``iter()`` reports it).
+    Only for ``forkserver``: its children fork from the server, which imports ``__main__``
+    once (``spawn`` would import it in every child, before ``iter()`` could check the guard).
+    Not for a loader built outside the main guard or while ``__main__`` is being imported
+    again (the server would build that loader too), not with the default start method in a
+    notebook (workers are forked there), not from a daemonic process (a worker), and not for a
+    name that is wrong (``iter()`` reports it).
     """
     if multiprocessing.current_process().daemon or _guards.built_outside_the_guard():
         return None
@@ -148,18 +150,17 @@ def early_context(requested: Any) -> BaseContext | None:
     return ctx if ctx.get_start_method() == "forkserver" else None
 
 
-def start_early(requested: Any) -> bool:
+def start_early(ctx: BaseContext) -> bool:
     """Start the forkserver, with torch and asyncload preloaded, in a background thread.
 
-    Called when a loader with workers is built (for an ``early_context`` only): the server's
+    Called when a loader with workers is built, with its ``early_context``: the server's
     one-time imports (1-2 s) then overlap whatever the program does before ``iter(loader)``.
     The loader then starts its first pass's processes from it, also in the background
     (``_workers._standby``), so the first batch waits for neither. Returns whether it started
     the server (once per process; multiprocessing stops it at exit).
     """
     global _early
-    ctx = early_context(requested)
-    if _early or ctx is None:
+    if _early:
         return False
     _early = True
     _preload(ctx)

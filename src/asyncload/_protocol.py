@@ -39,8 +39,9 @@ A pass starts in ``Pass.__init__`` or ``Pass.restart`` and ends in ``Pass.close`
 ``Workers.close``: at the end of an epoch without persistent workers, on ``break`` once the
 iterator is garbage, on an exception out of ``next()`` other than a failed batch, on
 ``load_state_dict``, and at interpreter exit (``atexit``). The workers belong to the pass, not
-to the loader; without persistent workers the next pass's processes may already be waiting for
-their config, started once this pass sent its last task (``_workers._standby``).
+to the loader; a pass's processes may have been waiting for their config since the loader was
+built (its first pass) or, without persistent workers, since the pass before sent its last task
+(``_workers._standby``).
 ``ProcessWorkers.close``, through ``_workers._stop.stop_processes`` (which also stops
 standby processes no pass took), is the shutdown sequence:
 

@@ -44,7 +44,8 @@ class PassSpec:
     """Per worker, the units a re-dealt iterable pass reads (``_elastic_iter``)."""
     standby: Any = None
     """The loader's ``_workers._standby.StandbySlot``: worker processes started before the
-    pass that takes them (without persistent workers)."""
+    pass that takes them (the first pass's when the loader is built; without persistent
+    workers, each next pass's during the one before)."""
 
 
 def spec_length(spec: PassSpec) -> int:

@@ -27,9 +27,12 @@ and watch the main process like any worker.
 
 from __future__ import annotations
 
+import atexit
 import multiprocessing
+import multiprocessing.util  # its exit handler must be registered before ours (see the end)
 import os
 import threading
+import weakref
 from typing import Any
 
 from .._protocol import Standing
@@ -103,6 +106,7 @@ class StandbySlot:
         self._thread: threading.Thread | None = None
         self._standby: Standby | None = None
         self._closed = False
+        _slots.add(self)
 
     def prepare(self, context: Any, count: int) -> None:
         """Start *count* processes for the next pass in a background thread, if it's safe."""
@@ -147,20 +151,34 @@ class StandbySlot:
             return None
         return standby
 
-    def close(self) -> None:
+    def close(self, *, wait: bool = False) -> None:
         """Stop the prepared processes, if any, and prepare no more.
 
-        Runs at interpreter exit too, often while the last epoch's standby processes start
-        (nobody knew it was the last): waits for that start (tens of milliseconds), so that no
-        process is left starting while the interpreter tears down the queues it needs; at most
-        ``JOIN_TIMEOUT`` seconds, after which the starting thread stops what it started itself.
+        A start under way (a loader dropped just after it was built, or the last epoch's
+        standby processes, nobody knowing it was the last) stops what it started itself when
+        it ends, so this does not wait for it, unless *wait*: at interpreter exit
+        (``_close_at_exit``), where no process may be left starting while the interpreter
+        tears down the queues it needs; then at most ``JOIN_TIMEOUT`` seconds.
         """
         with self._lock:
             self._closed = True
             thread = self._thread
-        if thread is not None:
+        if wait and thread is not None:
             thread.join(JOIN_TIMEOUT)
         with self._lock:
             standby, self._standby = self._standby, None
         if standby is not None:
             standby.close()
+
+
+_slots: weakref.WeakSet[StandbySlot] = weakref.WeakSet()
+
+
+def _close_at_exit() -> None:
+    for slot in list(_slots):
+        slot.close(wait=True)
+
+
+# atexit runs its handlers last-registered first: this one before multiprocessing's (which
+# stops the children and the resource tracker), imported above for that.
+atexit.register(_close_at_exit)

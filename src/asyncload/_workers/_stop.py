@@ -15,7 +15,8 @@ and without care they run in the main thread when the pass is dropped, every epo
                                                            box.clear() → finalizers run here
 
 So the owners hand their objects to a short-lived thread, which drops the last references;
-the finalizers then run where no signal handler ever does.
+the finalizers then run where no signal handler ever does. Not at interpreter exit: no
+training loop is left to lose a Ctrl-C, and a daemon thread could be cut off mid-finalizer.
 """
 
 from __future__ import annotations
@@ -65,8 +66,13 @@ def release_elsewhere(box: list[Any]) -> None:
     """Drop *box*'s contents in another thread (NOTE [ Ctrl-C and finalizers ]).
 
     *box* must be the caller's only reference to what it holds, and the caller must not keep
-    *box* past its return.
+    *box* past its return. At interpreter exit (the main thread has stopped: atexit handlers,
+    finalizers run then) it drops them at once: a daemon thread may be cut off there between
+    unlinking a semaphore and telling the resource tracker, which then warns of a leak.
     """
+    if not threading.main_thread().is_alive():
+        box.clear()
+        return
     try:
         thread = threading.Thread(target=_release, args=(box,), name="asyncload-release")
         thread.daemon = True
