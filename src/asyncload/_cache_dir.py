@@ -165,10 +165,11 @@ class CacheDir:
         return offset, size, etag
 
     def _touch(self, key: str, fd: int) -> None:
-        """LRU: set the entry's mtime, at most once per ``_TOUCH_EVERY`` seconds per process.
+        """LRU: set the entry's mtime, about once per ``_TOUCH_EVERY`` seconds per process.
 
         Remembered here rather than read back with an fstat: one syscall less on every hit.
-        The set starts afresh every interval, so it holds only what was used in the last one.
+        The set starts afresh every interval (so it holds only what was used in the last one):
+        an entry used across a fresh start is touched twice in a row, which costs one syscall.
         Best effort: an entry that can't be touched (another user's) is still read.
         """
         now = time.monotonic()

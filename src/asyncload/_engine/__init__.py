@@ -78,6 +78,8 @@ class Engine(MapFetching, IterFetching):
             if task is not None:
                 starters.append(task)
                 setattr(self, attr, None)
+        # Set before anything is cancelled: _pump catches its own cancellation and only gives
+        # up (rather than wait on a full queue) because _as_failure re-raises while this is set.
         self._cancelling = True
         try:
             # What starts fetches stops first (the iterable pump with it): then no fetch can

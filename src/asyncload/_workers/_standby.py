@@ -102,7 +102,10 @@ class StandbySlot:
     """
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        # Re-entrant: a collection inside prepare() may run a dropped loader's finalizer, which
+        # closes this slot from the same thread.
+        self._lock = threading.RLock()
+        self._pid = os.getpid()
         self._thread: threading.Thread | None = None
         self._standby: Standby | None = None
         self._closed = False
@@ -176,7 +179,12 @@ _slots: weakref.WeakSet[StandbySlot] = weakref.WeakSet()
 
 def _close_at_exit() -> None:
     for slot in list(_slots):
-        slot.close(wait=True)
+        if slot._pid != os.getpid():  # a copy in a child made by os.fork(): not its processes
+            continue
+        try:
+            slot.close(wait=True)
+        except Exception:  # the others still get closed; exit goes on
+            pass
 
 
 # atexit runs its handlers last-registered first: this one before multiprocessing's (which

@@ -21,9 +21,12 @@ training loop is left to lose a Ctrl-C, and a daemon thread could be cut off mid
 
 from __future__ import annotations
 
+import atexit
+import multiprocessing.util  # noqa: F401  (its exit handler is registered before ours: see the end)
 import sys
 import threading
 import time
+import weakref
 from typing import Any
 
 from .._protocol import Shutdown
@@ -78,7 +81,9 @@ def release_elsewhere(box: list[Any]) -> None:
         thread.daemon = True
         thread.start()
     except RuntimeError:  # the interpreter is shutting down: no new threads, drop them here
-        pass
+        box.clear()
+        return
+    _releasing.add(thread)
 
 
 def _release(box: list[Any]) -> None:
@@ -89,3 +94,18 @@ def _release(box: list[Any]) -> None:
     while sys.getrefcount(box) > 3 and time.monotonic() < deadline:
         time.sleep(0.001)
     box.clear()
+
+
+_releasing: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
+
+
+def _join_releases() -> None:
+    """Let releases started just before exit finish: a daemon thread frozen at exit between
+    unlinking a semaphore and telling the resource tracker leaves it warning of a leak."""
+    deadline = time.monotonic() + 2.0
+    for thread in list(_releasing):
+        thread.join(max(deadline - time.monotonic(), 0.0))
+
+
+# atexit runs its handlers last-registered first: this one before multiprocessing's.
+atexit.register(_join_releases)
