@@ -165,15 +165,13 @@ class Cache:
         """Bytes ``[start, end)`` of *url*, from the cache or through *fetch* (which fills it).
 
         *stat* is given when entries must be revalidated against the store's ETag and size.
+        A small hit without revalidation is ``lookup``'s, which the caller tries first.
         """
         global _hits, _misses
         key = _key(url)
-        if stat is None:
-            got = self.dir.read(key, start, end, _INLINE_READ)
-            data = await self._hit(key, start, end, None) if isinstance(got, int) else got
-        else:
+        if stat is not None:
             stat = _once(stat)  # a stale entry's HEAD also gives the ETag to store
-            data = await self._hit(key, start, end, stat)
+        data = await self._hit(key, start, end, stat)
         if data is not None:
             _hits += 1
             note_count("cache_hits")

@@ -35,6 +35,13 @@ _WRITE_CHUNK = 4 << 20
 UNUSABLE = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM})
 
 
+def _open_entry(path: str) -> int | None:
+    try:
+        return os.open(path, os.O_RDONLY)
+    except OSError:  # no such entry (or unreadable: the same, a miss)
+        return None
+
+
 def _header(fd: int) -> tuple[int, int, str | None]:
     """(body offset, body size, etag) from the header of the entry open as *fd*."""
     head = os.pread(fd, _HEAD_READ, 0)
@@ -93,9 +100,8 @@ class CacheDir:
     def open(self, key: str) -> tuple[int, int, int, str | None] | None:
         """(fd, body offset, body size, etag) of a complete entry, or ``None``."""
         path = self.path(key)
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError:
+        fd = _open_entry(path)
+        if fd is None:
             return None
         try:
             offset, size, etag = self._check(fd, key)
@@ -117,9 +123,8 @@ class CacheDir:
         # body read asks for one byte more, so that its length also proves the file complete
         # (neither shorter nor longer than the header says) without an fstat.
         path = self.path(key)
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError:
+        fd = _open_entry(path)
+        if fd is None:
             return None
         try:
             offset, size, _ = _header(fd)
