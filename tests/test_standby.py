@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import multiprocessing
 import os
@@ -58,6 +59,28 @@ def test_the_next_pass_runs_on_processes_started_during_this_one() -> None:
     second = _epoch(loader)
     assert {pid for _, pid, _ in second} == standby
     assert sorted(i for i, _, _ in second) == list(range(64))
+
+
+class SlowTagged(Tagged):
+    async def __getitem__(self, index: int) -> tuple[int, int, str]:
+        await asyncio.sleep(1.0)
+        return index, os.getpid(), self.tag
+
+
+def test_the_next_pass_processes_start_only_once_this_pass_has_a_batch() -> None:
+    """A short pass sends its last task at iter(): starting the next pass's processes then
+    would take the CPU its first requests need."""
+    before = {p.pid for p in worker_processes()}
+    loader = asyncload.DataLoader(SlowTagged(16), batch_size=8, num_workers=2)
+    mine = _new_workers(before, 2)  # started when the loader was built; this pass takes them
+    it = iter(loader)
+    time.sleep(0.6)  # every task sent, no batch in yet
+    assert {p.pid for p in worker_processes()} - before == mine, "next pass's started early"
+    next(it)
+    standby = _new_workers(before | mine, 2)
+    assert len(standby) == 2, "no processes were started for the next pass"
+    assert {int(p) for _, pids, _ in it for p in pids} <= mine
+    assert {pid for _, pid, _ in _epoch(loader)} == standby
 
 
 def test_what_changed_in_the_dataset_between_epochs_reaches_the_workers() -> None:

@@ -83,6 +83,7 @@ class ProcessWorkers:
         self.count = len(configs)
         self.live_stats: Callable[[], RecorderSnapshot] | None = None  # they ride on replies
         self._closed = False
+        self._answered = self._next_wanted = False  # prepare_next()
         self._pids: tuple[int, ...] = ()  # kept once closed
         self._procs: list[Any] = []
         self._index_queues: list[Any] = []
@@ -171,8 +172,16 @@ class ProcessWorkers:
         self._procs.append(waiting.procs[cfg.worker_id])
 
     def prepare_next(self) -> None:
-        """This pass has sent its last task: start the next pass's processes meanwhile."""
-        if self._slot is not None and self._next_pass and not self._closed:
+        """This pass has sent its last task: start the next pass's processes meanwhile, once a
+        worker has answered.
+
+        Not before: a short pass sends its last task at ``iter()``, and starting processes then
+        takes the CPU its first requests need (on 2 cores, 10-20 ms of a later epoch's first
+        batch, ``bench_tails.py --startup``).
+        """
+        self._next_wanted = True
+        if self._answered and self._slot is not None and self._next_pass and not self._closed:
+            self._next_wanted = False
             self._slot.prepare(self._context, self.count)
 
     @property
@@ -200,6 +209,10 @@ class ProcessWorkers:
             if msg.stats is not None:
                 _storage.learn_connections(msg.stats.counts)
             self._return_freed(msg.worker_id)
+        if msg is not None and not self._answered:
+            self._answered = True
+            if self._next_wanted:
+                self.prepare_next()
         if isinstance(msg, Failure):
             return msg  # before the liveness check: a worker may exit right after it
         now = time.monotonic()

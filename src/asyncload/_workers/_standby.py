@@ -3,8 +3,9 @@
 Without ``persistent_workers`` every pass starts new worker processes, as torch's do. Under
 ``forkserver`` that is a fork of the server per worker, one after the other, and a new
 interpreter's first steps: 20-30 ms of every ``iter(loader)`` here, before any request leaves.
-So once a pass has sent its last task, ``StandbySlot.prepare`` starts the next pass's
-processes in a background thread, while that pass's last batches are still being fetched.
+So once a pass has sent its last task and a worker has answered (not while its first
+requests need the CPU), ``StandbySlot.prepare`` starts the next pass's processes in a
+background thread, while that pass's last batches are still being fetched.
 They wait for their ``WorkerConfig`` on their index queue (``worker_main`` given ``Standing``),
 and the next pass takes them (``StandbySlot.take``) and sends each its config. A loader
 prepares its first pass's processes the same way when it is built, under ``forkserver``
@@ -12,8 +13,8 @@ prepares its first pass's processes the same way when it is built, under ``forks
 ``iter()`` waits for no process either (with persistent workers too: that first set is all
 they need)::
 
-    pass N: ... last task sent ──► prepare(): start processes ──► they wait, watching the
-                                                                  main process
+    pass N: ... last task sent, a batch in ──► prepare(): start processes ──► they wait,
+                                                 watching the main process
     pass N+1: iter() ──► take(): all alive? ──► send each its pickled config ──► as before
                              └─ no: stop them (NOTE [ Data flow and shutdown ]), start anew
 
