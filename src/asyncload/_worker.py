@@ -228,6 +228,8 @@ def _await_config(main_pid: int, index_queue: Any, done_event: Any) -> Any:
             _, msg = index_queue.get(timeout=POLL_INTERVAL)
         except queue.Empty:
             continue
+        if msg is None:  # releases only (none yet): what the queue was opened with
+            continue
         if isinstance(msg, bytes):
             return pickle.loads(msg)  # what Shipped became, as if it came with the process
         return None  # Shutdown

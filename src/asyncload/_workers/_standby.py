@@ -61,6 +61,9 @@ class Standby:
             for worker_id in range(count):
                 index_queue = context.Queue()
                 index_queue.cancel_join_thread()  # as ProcessWorkers' own queues
+                # A queue's first put starts its feeder thread (~1 ms on a busy machine):
+                # here, not in iter(). (freed, None) is "releases only", which the worker skips.
+                index_queue.put(((), None))
                 proc = context.Process(
                     target=worker_main,
                     args=(Standing(os.getpid()), index_queue, self.result_queue, self.done_event),
