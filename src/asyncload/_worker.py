@@ -223,6 +223,10 @@ def _await_config(main_pid: int, index_queue: Any, done_event: Any) -> Any:
     """A standby worker's wait for its pickled config; ``None`` when told to stop instead."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _watchdog.watch_parent(main_pid)
+    # What every worker does first and needs no config for, done while nobody waits: a new
+    # process's first seeding alone takes ~2 ms (its pages are copied on first write).
+    torch.set_num_threads(1)
+    _reseed(0, 0)
     while not done_event.is_set():
         try:
             _, msg = index_queue.get(timeout=POLL_INTERVAL)
