@@ -15,11 +15,11 @@ first-batch time (``iter()`` to the first batch, workers started from a warm for
 
 ``--concurrency 64,128,256`` adds a table of the loader at constant 50 ms per
 ``max_concurrency`` (the default's trade-off). ``--startup`` prints only first-batch times of a
-loader built 2 s before ``iter()`` in a fresh interpreter, then of its next 4 epochs (new
+loader built 2 s before ``iter()`` in a fresh interpreter, then of its next 8 epochs (new
 workers each, started during the epoch before: standby workers) with what ``iter()`` itself
 took, for the default start method and for ``multiprocessing_context="forkserver"``; and, as
 the floor of this machine, when a new aiohttp client that asks for the same 256 objects at
-once has its 32nd (median of 4, in the same process, against the same server).
+once has its 32nd (median of 8, in the same process, against the same server).
 
     .venv/bin/python benchmarks/bench_tails.py            # about 2-3 minutes
     .venv/bin/python benchmarks/bench_tails.py --quick    # smoke run, two distributions
@@ -243,6 +243,8 @@ from _server import ObjectServerProcess
 import aiohttp
 import asyncload
 
+LATER = 8  # later epochs timed, and raw clients: one epoch's first batch is a noisy figure
+
 
 async def raw_first_batch(urls):
     # A new client, every object requested at once: when its 32nd object is in.
@@ -266,7 +268,7 @@ def main(ctx):
         )
         time.sleep(2.0)  # the user builds the model
         firsts, iters = [], []
-        for epoch in range(5):
+        for epoch in range(1 + LATER):
             t0 = time.perf_counter()
             it = iter(loader)
             iters.append(time.perf_counter() - t0)
@@ -275,8 +277,8 @@ def main(ctx):
             for _ in it:
                 pass
         later, later_iters = sorted(firsts[1:]), sorted(iters[1:])
-        raw = sorted(asyncio.run(raw_first_batch(urls)) for _ in range(4))
-        medians = [sum(x[1:3]) / 2 for x in (later, later_iters, raw)]
+        raw = sorted(asyncio.run(raw_first_batch(urls)) for _ in range(LATER))
+        medians = [sum(x[LATER // 2 - 1 : LATER // 2 + 1]) / 2 for x in (later, later_iters, raw)]
         print("RESULT", firsts[0], *medians)
 
 
@@ -290,7 +292,7 @@ def _print_startup() -> None:
     later epochs (new workers each epoch), per way of naming the start method."""
     code = _STARTUP.format(bench=str(Path(__file__).resolve().parent))
     print("\nStart-up: loader built 2 s before iter(), 2 workers, 50 ms objects; seconds")
-    print("(later epochs: median of epochs 2-5)\n")
+    print("(later epochs: median of epochs 2-9)\n")
     print(
         "| multiprocessing_context | first batch, first epoch | first batch, later epochs "
         "| iter(), later epochs | raw aiohttp: 32nd of 256 objects, new client |"
