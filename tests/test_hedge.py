@@ -143,3 +143,22 @@ async def test_hedge_options_are_checked() -> None:
         asyncload.Hedge(percentile=1.0)
     with pytest.raises(TypeError, match="hedge must be"):
         asyncload.StorageOptions(hedge=0.05)  # type: ignore[arg-type]
+
+
+async def test_a_straggler_sent_before_latencies_are_learned_is_hedged(
+    http_server: ObjectServer,
+) -> None:
+    # A fresh worker sends its first wave at once, before any latency is known: a straggler
+    # in it is hedged once the others have taught the prefix its delay.
+    _storage.configure(http_server.url, hedge=asyncload.Hedge(budget=0.2, min_delay=0.02))
+    http_server.latency = 0.02
+    urls = [http_server.put(f"w/{i}", body(i)) for i in range(40)]
+    http_server.delay("w/0", 3.0)
+    began = time.monotonic()
+    got = await asyncio.gather(*(asyncload.read(u) for u in urls))
+    assert got == [body(i) for i in range(40)]
+    assert time.monotonic() - began < 1.5
+    assert http_server.hits["w/0"] == 2
+    assert _hedge.counts().won >= 1
+    await settle(http_server)
+    await asyncload.aclose()

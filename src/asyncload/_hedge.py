@@ -6,7 +6,8 @@ race a *hedge*: when a request has not answered within the delay (a high percent
 recent latencies of its prefix, never below a floor), an identical request is sent, whichever
 finishes first is used, and the other is cancelled. Cancelling releases the loser's response,
 and aiohttp closes a connection whose body was not read to the end, so nothing leaks; bytes are
-counted by the caller from the winner only.
+counted by the caller from the winner only. A request sent before the prefix's delay is
+known (the first wave of a fresh worker) is hedged too, at twice the delay once it is learned.
 
 Costs are bounded twice. A token bucket per prefix earns ``Hedge.budget`` tokens per
 request and a hedge spends one, so hedges never exceed ``budget x requests`` (plus nothing: the
@@ -42,6 +43,8 @@ _WINDOW = 512
 _RECOMPUTE_EVERY = 64
 # Before this many observations the percentile means little: no hedging yet.
 _MIN_SAMPLES = 20
+# How often a request sent before the delay was learned looks whether it is known now (at least).
+_LEARNING_POLL = 0.02
 # Tokens a quiet prefix may save up, so a burst of stragglers after a calm period is bounded.
 _MAX_TOKENS = 10.0
 _MAX_PREFIXES = 1024
@@ -163,6 +166,33 @@ async def drain() -> None:
         await asyncio.wait(mine)
 
 
+async def _straggles(
+    primary: asyncio.Future[T], tracker: _Prefix, policy: Hedge, began: float, learned: bool
+) -> bool:
+    """Wait until *primary* is due a hedge; whether it is still running then.
+
+    A request sent before its prefix's delay was *learned* (a fresh worker sends its first
+    few hundred at once) looks again every ``min_delay`` (20 ms at least): once the delay is
+    known it is due at twice it, since the first estimate comes from the fastest of that first
+    wave. Without this a straggler of the first wave, often in the first batch, would hold it
+    its whole 0.5-2 s.
+    """
+    loop = asyncio.get_running_loop()
+    while True:
+        delay = tracker.delay
+        if delay == float("inf"):
+            timeout = max(policy.min_delay, _LEARNING_POLL)
+        else:
+            timeout = began + (delay if learned else 2 * delay) - loop.time()
+            if timeout <= 0:
+                return not primary.done()
+        done, _ = await asyncio.wait((primary,), timeout=timeout)
+        if done:
+            return False
+        if delay != float("inf"):
+            return True
+
+
 async def _race(
     start: Callable[[], Awaitable[T]], tracker: _Prefix, policy: Hedge, spare: int
 ) -> tuple[T, int]:
@@ -173,9 +203,9 @@ async def _race(
     global _sent, _won
     loop = asyncio.get_running_loop()
     began = loop.time()
+    learned = tracker.delay != float("inf")
     tracker.earn(policy)
-    delay = tracker.delay
-    if spare < 1 or delay == float("inf"):
+    if spare < 1:
         # Nothing to race: no task, the request runs in the caller's.
         try:
             result = await start()
@@ -186,11 +216,11 @@ async def _race(
         return result, 1
     primary: asyncio.Future[T] = asyncio.ensure_future(start())
     try:
-        done, _ = await asyncio.wait((primary,), timeout=delay)
+        straggles = await _straggles(primary, tracker, policy, began, learned)
     except BaseException:
         _cancel(primary)
         raise
-    if done or not tracker.spend():
+    if not straggles or not tracker.spend():
         try:
             result = await primary
         finally:
