@@ -79,7 +79,7 @@ def test_bench_tails_quick_prints_its_tables() -> None:
     ):
         assert text.count(row) == 2, f"row {row!r} missing from a distribution:\n{text}"
     assert "Ratios (this run)" in text
-    assert "Hedges within the 5% budget in every row: yes" in text
+    assert "Hedges within the 5% budget in every row of every round: yes" in text
 
 
 @pytest.mark.slow
