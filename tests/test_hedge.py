@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
@@ -150,8 +150,11 @@ async def test_a_straggler_sent_before_latencies_are_learned_is_hedged(
 ) -> None:
     # A fresh worker sends its first wave at once, before any latency is known: a straggler
     # in it is hedged once the others have taught the prefix its delay.
+    # The others' latencies spread (jitter), as a real wave's do: the budget must still reach
+    # the straggler, not requests that are merely slower than the fastest twenty.
     _storage.configure(http_server.url, hedge=asyncload.Hedge(budget=0.2, min_delay=0.02))
     http_server.latency = 0.02
+    http_server.jitter = 0.03
     urls = [http_server.put(f"w/{i}", body(i)) for i in range(40)]
     http_server.delay("w/0", 3.0)
     began = time.monotonic()
@@ -160,5 +163,40 @@ async def test_a_straggler_sent_before_latencies_are_learned_is_hedged(
     assert time.monotonic() - began < 1.5
     assert http_server.hits["w/0"] == 2
     assert _hedge.counts().won >= 1
+    assert _hedge.counts().sent <= 0.2 * 40  # the budget: 8 hedges for 40 requests
+    # The loser was cancelled and its connection released, as for a learned prefix.
     await settle(http_server)
+    assert http_server.active == 0
+    assert not _hedge._losers
     await asyncload.aclose()
+
+
+async def test_the_first_waves_hedges_go_to_its_straggler_not_to_its_queue() -> None:
+    # No network: a wave of 40 requests sent at once, before any latency is known. The first
+    # 20 answer in 10 ms; the rest waited for a connection and answer late in turn (as a
+    # paced pool's queue does); one, the 6th sent, straggles for 2 s, and its hedge does not.
+    policy = asyncload.Hedge(budget=0.2, min_delay=0.02)
+    tracker = _hedge._Prefix(_storage.StorageOptions(hedge=policy))
+    calls = [0] * 40
+
+    def request(rank: int) -> Callable[[], Awaitable[int]]:
+        async def start() -> int:
+            calls[rank] += 1
+            if rank == 5 and calls[rank] == 1:
+                await asyncio.sleep(2.0)
+            elif rank >= 20:
+                await asyncio.sleep(0.1 + 0.02 * (rank - 20) if calls[rank] == 1 else 0.01)
+            else:
+                await asyncio.sleep(0.01)
+            return rank
+
+        return start
+
+    began = time.monotonic()
+    got = await asyncio.gather(*(_hedge._race(request(r), tracker, policy, 1) for r in range(40)))
+    assert [value for value, _ in got] == list(range(40))
+    assert time.monotonic() - began < 1.0  # the straggler's hedge answered
+    assert calls[5] == 2
+    # The queued requests outlived twice the first delay, but not their own wave's pace.
+    assert sum(calls) - 40 == 1
+    await _hedge.drain()

@@ -43,8 +43,10 @@ _WINDOW = 512
 _RECOMPUTE_EVERY = 64
 # Before this many observations the percentile means little: no hedging yet.
 _MIN_SAMPLES = 20
-# How often a request sent before the delay was learned looks whether it is known now (at least).
+# How often a request sent before the delay was learned looks whether it is due (at least), and
+# how many requests sent after it must have finished first (see _straggles).
 _LEARNING_POLL = 0.02
+_OVERTAKEN = 4
 # Tokens a quiet prefix may save up, so a burst of stragglers after a calm period is bounded.
 _MAX_TOKENS = 10.0
 _MAX_PREFIXES = 1024
@@ -72,7 +74,17 @@ def counts() -> HedgeCounts:
 class _Prefix:
     """Recent latencies and the hedge token bucket of one prefix."""
 
-    __slots__ = ("delay", "filled", "latencies", "next", "options", "since", "tokens")
+    __slots__ = (
+        "delay",
+        "filled",
+        "finished",
+        "latencies",
+        "next",
+        "options",
+        "since",
+        "started",
+        "tokens",
+    )
 
     def __init__(self, options: StorageOptions) -> None:
         self.options = options  # the key holds its id(): keep it alive, and check it is the same
@@ -82,8 +94,11 @@ class _Prefix:
         self.since = 0
         self.delay = float("inf")
         self.tokens = 0.0
+        self.started = 0  # requests sent, and requests answered (or failed), ever
+        self.finished = 0
 
     def observe(self, seconds: float, policy: Hedge) -> None:
+        self.finished += 1
         self.latencies[self.next] = seconds
         self.next = (self.next + 1) % _WINDOW
         self.filled = min(self.filled + 1, _WINDOW)
@@ -167,29 +182,34 @@ async def drain() -> None:
 
 
 async def _straggles(
-    primary: asyncio.Future[T], tracker: _Prefix, policy: Hedge, began: float, learned: bool
+    primary: asyncio.Future[T], tracker: _Prefix, policy: Hedge, began: float, rank: int | None
 ) -> bool:
     """Wait until *primary* is due a hedge; whether it is still running then.
 
-    A request sent before its prefix's delay was *learned* (a fresh worker sends its first
-    few hundred at once) looks again every ``min_delay`` (20 ms at least): once the delay is
-    known it is due at twice it, since the first estimate comes from the fastest of that first
-    wave. Without this a straggler of the first wave, often in the first batch, would hold it
-    its whole 0.5-2 s.
+    *rank* is ``None`` for a request sent once its prefix's delay was learned. One sent before
+    (a fresh worker sends its first few hundred at once; *rank* requests went before it) looks
+    again every ``min_delay`` (20 ms at least), and is due only when it is slow twice over: at
+    twice the delay (the first estimate comes from the fastest of that wave), and once
+    requests sent after it have overtaken it (four more have finished than went before it). A
+    request that waited in line for a connection is not overtaken, so the budget goes to the
+    wave's real stragglers. Without this a straggler of the first wave, often in the first
+    batch, would hold it its whole 0.5-2 s.
     """
     loop = asyncio.get_running_loop()
     while True:
         delay = tracker.delay
-        if delay == float("inf"):
+        if rank is None:
+            timeout = began + delay - loop.time()
+        elif delay == float("inf") or tracker.finished - rank < _OVERTAKEN:
             timeout = max(policy.min_delay, _LEARNING_POLL)
         else:
-            timeout = began + (delay if learned else 2 * delay) - loop.time()
+            timeout = began + 2 * delay - loop.time()
             if timeout <= 0:
                 return not primary.done()
         done, _ = await asyncio.wait((primary,), timeout=timeout)
         if done:
             return False
-        if delay != float("inf"):
+        if rank is None:
             return True
 
 
@@ -203,7 +223,8 @@ async def _race(
     global _sent, _won
     loop = asyncio.get_running_loop()
     began = loop.time()
-    learned = tracker.delay != float("inf")
+    rank = None if tracker.delay != float("inf") else tracker.started
+    tracker.started += 1
     tracker.earn(policy)
     if spare < 1:
         # Nothing to race: no task, the request runs in the caller's.
@@ -216,7 +237,7 @@ async def _race(
         return result, 1
     primary: asyncio.Future[T] = asyncio.ensure_future(start())
     try:
-        straggles = await _straggles(primary, tracker, policy, began, learned)
+        straggles = await _straggles(primary, tracker, policy, began, rank)
     except BaseException:
         _cancel(primary)
         raise
