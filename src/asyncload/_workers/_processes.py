@@ -209,7 +209,7 @@ class ProcessWorkers:
             if msg.stats is not None:
                 _storage.learn_connections(msg.stats.counts)
             self._return_freed(msg.worker_id)
-        if msg is not None and not self._answered:
+        if isinstance(msg, Result) and not self._answered:  # a batch, not a warning
             self._answered = True
             if self._next_wanted:
                 self.prepare_next()

@@ -61,6 +61,7 @@ class Standby:
             for worker_id in range(count):
                 index_queue = context.Queue()
                 index_queue.cancel_join_thread()  # as ProcessWorkers' own queues
+                self.index_queues.append(index_queue)  # closed by close() whatever fails next
                 # A queue's first put starts its feeder thread (~1 ms on a busy machine):
                 # here, not in iter(). (freed, None) is "releases only", which the worker skips.
                 index_queue.put(((), None))
@@ -71,7 +72,6 @@ class Standby:
                     daemon=True,
                 )
                 proc.start()
-                self.index_queues.append(index_queue)
                 self.procs.append(proc)
         except BaseException:
             self.close()
@@ -122,10 +122,14 @@ class StandbySlot:
         with self._lock:
             if self._closed or self._thread is not None or self._standby is not None:
                 return
-            self._thread = threading.Thread(
+            thread = threading.Thread(
                 target=self._start, args=(context, count), name="asyncload-standby", daemon=True
             )
-            self._thread.start()
+            try:
+                thread.start()
+            except RuntimeError:  # no thread to be had: the next pass starts its own workers
+                return
+            self._thread = thread
 
     def _start(self, context: Any, count: int) -> None:
         try:
