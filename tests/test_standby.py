@@ -83,6 +83,26 @@ def test_the_next_pass_processes_start_only_once_this_pass_has_a_batch() -> None
     assert {pid for _, pid, _ in _epoch(loader)} == standby
 
 
+def test_a_long_pass_starts_the_next_passs_processes_when_its_last_task_goes_out() -> None:
+    """A pass longer than its look-ahead sends its last task after batches came back: the
+    next pass's processes start then, and that pass runs on them."""
+    loader = asyncload.DataLoader(
+        Tagged(1024), batch_size=8, num_workers=2, max_concurrency=8, prefetch_bytes=0
+    )
+    before = {p.pid for p in worker_processes()}
+    mine = _new_workers(before, 2)  # started when the loader was built; this pass takes them
+    it = iter(loader)
+    next(it)
+    time.sleep(0.3)
+    assert {p.pid for p in worker_processes()} - before == mine, "started before the last task"
+    assert {int(p) for _, pids, _ in it for p in pids} == mine
+    standby = _new_workers(before | mine, 2)
+    assert len(standby) == 2, "no processes were started for the next pass"
+    second = _epoch(loader)
+    assert {pid for _, pid, _ in second} == standby
+    assert sorted(i for i, _, _ in second) == list(range(1024))
+
+
 def test_what_changed_in_the_dataset_between_epochs_reaches_the_workers() -> None:
     """The config (with the dataset) is still pickled at iter(), as torch does."""
     dataset = Tagged(32)
