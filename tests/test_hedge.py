@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import pytest
 
 import asyncload
 from asyncload import _hedge, _stats, _storage
-from asyncload._exceptions import ServerError
+from asyncload._exceptions import NotFound, ServerError
+from asyncload._retry import AttemptFailed
 
 from ._http_server import ObjectServer
 
@@ -200,3 +203,106 @@ async def test_the_first_waves_hedges_go_to_its_straggler_not_to_its_queue() -> 
     # The queued requests outlived twice the first delay, but not their own wave's pace.
     assert sum(calls) - 40 == 1
     await _hedge.drain()
+
+
+def _learned(delay: float = 0.02) -> tuple[_hedge._Prefix, asyncload.Hedge]:
+    """A tracker whose delay is known and whose budget holds a hedge or two."""
+    policy = asyncload.Hedge(budget=0.5, min_delay=delay)
+    tracker = _hedge._Prefix(_storage.StorageOptions(hedge=policy))
+    for _ in range(40):
+        tracker.observe(0.001, policy)
+        tracker.earn(policy)
+    assert tracker.delay == delay
+    return tracker, policy
+
+
+class Copies:
+    """Start functions for a request: each call is one copy; which ran, and how each ended."""
+
+    def __init__(self, *behaviours: Callable[[], Awaitable[str]]) -> None:
+        self.behaviours = list(behaviours)
+        self.ended: list[str] = []
+
+    def __call__(self) -> Awaitable[str]:
+        behaviour = self.behaviours.pop(0)
+
+        async def copy() -> str:
+            try:
+                value = await behaviour()
+            except asyncio.CancelledError:
+                self.ended.append("cancelled")
+                raise
+            except Exception as exc:
+                self.ended.append(type(exc).__name__)
+                raise
+            self.ended.append(value)
+            return value
+
+        return copy()
+
+
+def after(seconds: float, value: str = "", fail: Exception | None = None) -> Callable[[], Any]:
+    async def run() -> str:
+        await asyncio.sleep(seconds)
+        if fail is not None:
+            raise fail
+        return value
+
+    return run
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="asyncio.timeout, Task.cancelling()")
+async def test_a_hedge_that_wins_leaves_its_callers_task_as_it_was() -> None:
+    # The primary runs in the caller's task and is cancelled there when the hedge answers: the
+    # caller must not see that cancellation, nor may an enclosing timeout count it.
+    tracker, policy = _learned()
+    copies = Copies(after(5.0, "primary"), after(0.01, "hedge"))
+    async with asyncio.timeout(3.0):
+        got = await _hedge._race(copies, tracker, policy, 1)
+    assert got == ("hedge", 2)
+    assert copies.ended == ["hedge", "cancelled"]
+    assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]
+    assert _hedge.counts() == _hedge.HedgeCounts(sent=1, won=1)
+    await asyncio.sleep(0.05)  # nothing cancels this task later either
+
+
+async def test_the_primary_that_wins_cancels_its_hedge() -> None:
+    tracker, policy = _learned()
+    copies = Copies(after(0.1, "primary"), after(5.0, "hedge"))
+    assert await _hedge._race(copies, tracker, policy, 1) == ("primary", 2)
+    await _hedge.drain()
+    assert copies.ended == ["primary", "cancelled"]
+    assert not _hedge._losers
+
+
+async def test_cancelling_the_caller_cancels_both_copies() -> None:
+    tracker, policy = _learned()
+    copies = Copies(after(5.0, "primary"), after(5.0, "hedge"))
+    task = asyncio.ensure_future(_hedge._race(copies, tracker, policy, 1))
+    await asyncio.sleep(0.1)  # the hedge went out after 20 ms
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await _hedge.drain()
+    assert copies.ended == ["cancelled", "cancelled"]
+
+
+async def test_a_404_from_the_hedge_ends_the_round_and_counts_two_requests() -> None:
+    tracker, policy = _learned()
+    missing = AttemptFailed(NotFound, "missing", status=404)
+    copies = Copies(after(5.0, "primary"), after(0.01, fail=missing))
+    with pytest.raises(AttemptFailed) as caught:
+        await _hedge._race(copies, tracker, policy, 1)
+    assert caught.value is missing
+    assert caught.value.requests == 2
+    assert copies.ended == ["AttemptFailed", "cancelled"]
+    assert getattr(asyncio.current_task(), "cancelling", lambda: 0)() == 0
+
+
+async def test_a_retryable_failure_waits_for_the_hedge() -> None:
+    tracker, policy = _learned()
+    busy = AttemptFailed(ServerError, "busy", status=503, retryable=True)
+    copies = Copies(after(0.05, fail=busy), after(0.1, "hedge"))
+    assert await _hedge._race(copies, tracker, policy, 1) == ("hedge", 2)
+    assert copies.ended == ["AttemptFailed", "hedge"]
+    assert _hedge.counts().won == 1
