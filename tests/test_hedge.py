@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -295,6 +296,7 @@ async def test_a_404_from_the_hedge_ends_the_round_and_counts_two_requests() -> 
         await _hedge._race(copies, tracker, policy, 1)
     assert caught.value is missing
     assert caught.value.requests == 2
+    await _hedge.drain()
     assert copies.ended == ["AttemptFailed", "cancelled"]
     assert getattr(asyncio.current_task(), "cancelling", lambda: 0)() == 0
 
@@ -306,3 +308,40 @@ async def test_a_retryable_failure_waits_for_the_hedge() -> None:
     assert await _hedge._race(copies, tracker, policy, 1) == ("hedge", 2)
     assert copies.ended == ["AttemptFailed", "hedge"]
     assert _hedge.counts().won == 1
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="Task.cancelling(), Task.uncancel()")
+async def test_a_cancellation_from_outside_with_the_hedges_answer_is_kept() -> None:
+    tracker, policy = _learned()
+    caller: asyncio.Future[Any] | None = None
+
+    async def hedge_then_cancel_the_caller() -> str:
+        await asyncio.sleep(0.01)
+        # Runs right after the race's own callback: both cancellations land in one loop turn.
+        this = asyncio.current_task()
+        assert this is not None
+        assert caller is not None
+        this.add_done_callback(lambda _: caller.cancel())
+        return "hedge"
+
+    copies = Copies(after(5.0, "primary"), hedge_then_cancel_the_caller)
+    caller = asyncio.ensure_future(_hedge._race(copies, tracker, policy, 1))
+    with pytest.raises(asyncio.CancelledError):
+        await caller
+    await _hedge.drain()
+    assert copies.ended == ["hedge", "cancelled"]
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="Task.cancelling(), Task.uncancel()")
+async def test_a_cancellation_caught_earlier_does_not_turn_a_hedges_answer_into_one() -> None:
+    task = asyncio.current_task()
+    assert task is not None
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await asyncio.sleep(1.0)
+    assert task.cancelling() == 1  # caught and not withdrawn, as some code does
+    tracker, policy = _learned()
+    copies = Copies(after(5.0, "primary"), after(0.01, "hedge"))
+    assert await _hedge._race(copies, tracker, policy, 1) == ("hedge", 2)
+    assert task.cancelling() == 1
+    task.uncancel()

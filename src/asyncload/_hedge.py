@@ -218,6 +218,7 @@ class _InlineRace(Generic[T]):
 
     __slots__ = (
         "abort",
+        "base",
         "cancelled",
         "failure",
         "over",
@@ -226,6 +227,7 @@ class _InlineRace(Generic[T]):
         "task",
         "tracker",
         "twin",
+        "withdrawn",
         "won",
     )
 
@@ -241,7 +243,15 @@ class _InlineRace(Generic[T]):
         self.failure: AttemptFailed | None = None  # the hedge's retryable failure
         self.abort: BaseException | None = None  # the hedge's failure that ends the round
         self.cancelled = False  # the caller's task was cancelled from here
+        self.withdrawn = False  # ... and that cancellation withdrawn
+        self.base: int = task.cancelling()  # type: ignore[attr-defined,unused-ignore]  # 3.11+
         self.over = False  # the primary is over: the callbacks leave the task alone
+
+    def withdraw(self) -> bool:
+        """Withdraw the cancellation made here; whether one from outside is still pending
+        (counted from the task's count at the start, as ``asyncio.timeout`` does)."""
+        self.withdrawn = True
+        return _uncancel(self.task) > self.base
 
     def due(self) -> None:
         """The delay passed with the primary still out: send the hedge, budget permitting."""
@@ -268,10 +278,14 @@ class _InlineRace(Generic[T]):
         self.task.cancel()  # the primary, awaited in the task, is the loser
 
 
+# Without Task.uncancel (Python 3.10) a cancellation from outside that lands with the hedge's
+# could not be told from the hedge's own: the race keeps a task per request there.
+_CAN_UNCANCEL = hasattr(asyncio.Task, "uncancel")
+
+
 def _uncancel(task: asyncio.Task[Any]) -> int:
-    """Withdraw this module's cancellation of *task*; the ones still pending (Python 3.11+)."""
-    uncancel = getattr(task, "uncancel", None)
-    return int(uncancel()) if uncancel is not None else 0
+    """Withdraw this module's cancellation of *task*; how many are still pending."""
+    return int(task.uncancel())  # type: ignore[attr-defined,unused-ignore]  # 3.11+
 
 
 async def _race_inline(
@@ -298,14 +312,15 @@ async def _race_inline(
             result = await start()
         except asyncio.CancelledError:
             race.over = True
-            if not race.cancelled or _uncancel(task) > 0:
+            if not race.cancelled or race.withdraw():
                 raise  # cancelled from outside (too)
             if not race.won:
                 failed = race.abort
         except AttemptFailed as primary_failed:
             race.over = True
             if race.cancelled:  # the cancellation became a failure: the hedge decided
-                _uncancel(task)
+                if race.withdraw():
+                    raise asyncio.CancelledError from None  # cancelled from outside too
                 failed = None if race.won else (race.abort or primary_failed)
             elif race.twin is None:
                 raise
@@ -318,8 +333,8 @@ async def _race_inline(
                     race.won, race.result = True, race.twin.result()
         else:
             race.over = True
-            if race.cancelled:  # the primary swallowed the cancellation and answered anyway
-                _uncancel(task)
+            if race.cancelled and race.withdraw():  # the primary swallowed ours and answered
+                raise asyncio.CancelledError from None  # cancelled from outside too
             return result, (1 if race.twin is None else 2)
         if failed is not None:
             if isinstance(failed, AttemptFailed):
@@ -330,6 +345,8 @@ async def _race_inline(
         return race.result, 2  # type: ignore[return-value]  # set with won
     finally:
         race.over = True
+        if race.cancelled and not race.withdrawn:  # the primary made ours another error
+            race.withdraw()
         timer.cancel()
         if race.twin is not None:
             _cancel(race.twin)
@@ -359,7 +376,8 @@ async def _race(
             raise
         tracker.observe(loop.time() - began, policy)
         return result, 1
-    if rank is None and (task := asyncio.current_task()) is not None:
+    task = asyncio.current_task()
+    if rank is None and task is not None and _CAN_UNCANCEL:
         return await _race_inline(start, tracker, policy, began, task)
     primary: asyncio.Future[T] = asyncio.ensure_future(start())
     try:
