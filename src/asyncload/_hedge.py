@@ -25,7 +25,7 @@ import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from ._metrics import note_count
 from ._retry import AttemptFailed, Hedge, backoff, give_up, next_wait
@@ -213,147 +213,6 @@ async def _straggles(
             return True
 
 
-class _InlineRace(Generic[T]):
-    """The hedge of a request that runs in its caller's own task (``_race_inline``)."""
-
-    __slots__ = (
-        "abort",
-        "base",
-        "cancelled",
-        "failure",
-        "over",
-        "result",
-        "start",
-        "task",
-        "tracker",
-        "twin",
-        "withdrawn",
-        "won",
-    )
-
-    def __init__(
-        self, task: asyncio.Task[Any], start: Callable[[], Awaitable[T]], tracker: _Prefix
-    ) -> None:
-        self.task = task
-        self.start = start
-        self.tracker = tracker
-        self.twin: asyncio.Future[T] | None = None  # the hedge, once sent
-        self.won = False  # the hedge answered first, with *result*
-        self.result: T | None = None
-        self.failure: AttemptFailed | None = None  # the hedge's retryable failure
-        self.abort: BaseException | None = None  # the hedge's failure that ends the round
-        self.cancelled = False  # the caller's task was cancelled from here
-        self.withdrawn = False  # ... and that cancellation withdrawn
-        self.base: int = task.cancelling()  # type: ignore[attr-defined,unused-ignore]  # 3.11+
-        self.over = False  # the primary is over: the callbacks leave the task alone
-
-    def withdraw(self) -> bool:
-        """Withdraw the cancellation made here; whether one from outside is still pending
-        (counted from the task's count at the start, as ``asyncio.timeout`` does)."""
-        self.withdrawn = True
-        return _uncancel(self.task) > self.base
-
-    def due(self) -> None:
-        """The delay passed with the primary still out: send the hedge, budget permitting."""
-        global _sent
-        if self.over or not self.tracker.spend():
-            return
-        _sent += 1
-        note_count("hedges_sent")
-        self.twin = asyncio.ensure_future(self.start())
-        self.twin.add_done_callback(self._answered)
-
-    def _answered(self, twin: asyncio.Future[T]) -> None:
-        if self.over or twin.cancelled():
-            return
-        exc = twin.exception()
-        if exc is None:
-            self.won, self.result = True, twin.result()
-        elif isinstance(exc, AttemptFailed) and exc.retryable:
-            self.failure = exc  # the primary may still answer
-            return
-        else:
-            self.abort = exc  # a 404 or a 403 will not change for the primary
-        self.cancelled = True
-        self.task.cancel()  # the primary, awaited in the task, is the loser
-
-
-# Without Task.uncancel (Python 3.10) a cancellation from outside that lands with the hedge's
-# could not be told from the hedge's own: the race keeps a task per request there.
-_CAN_UNCANCEL = hasattr(asyncio.Task, "uncancel")
-
-
-def _uncancel(task: asyncio.Task[Any]) -> int:
-    """Withdraw this module's cancellation of *task*; how many are still pending."""
-    return int(task.uncancel())  # type: ignore[attr-defined,unused-ignore]  # 3.11+
-
-
-async def _race_inline(
-    start: Callable[[], Awaitable[T]],
-    tracker: _Prefix,
-    policy: Hedge,
-    began: float,
-    task: asyncio.Task[Any],
-) -> tuple[T, int]:
-    """``_race`` for a prefix whose delay is known, without a task per request.
-
-    The primary runs in the caller's task and a timer sends the hedge; a hedge that answers
-    first cancels the caller's task, whose ``CancelledError`` (withdrawn here, as
-    ``asyncio.timeout`` does) releases the primary where it stands. A task and a wait per
-    request cost ~10 us of a worker's ~250 us per sample; this costs ~1 us.
-    """
-    global _won
-    loop = asyncio.get_running_loop()
-    race: _InlineRace[T] = _InlineRace(task, start, tracker)
-    timer = loop.call_at(began + tracker.delay, race.due)
-    failed: BaseException | None = None  # raised below, outside the handlers (no context)
-    try:
-        try:
-            result = await start()
-        except asyncio.CancelledError:
-            race.over = True
-            if not race.cancelled or race.withdraw():
-                raise  # cancelled from outside (too)
-            if not race.won:
-                failed = race.abort
-        except AttemptFailed as primary_failed:
-            race.over = True
-            if race.cancelled:  # the cancellation became a failure: the hedge decided
-                if race.withdraw():
-                    raise asyncio.CancelledError from None  # cancelled from outside too
-                failed = None if race.won else (race.abort or primary_failed)
-            elif race.twin is None:
-                raise
-            elif not primary_failed.retryable or race.failure is not None:
-                failed = primary_failed
-            else:
-                await asyncio.wait((race.twin,))  # the hedge may still answer
-                failed = race.twin.exception()
-                if failed is None:
-                    race.won, race.result = True, race.twin.result()
-        else:
-            race.over = True
-            if race.cancelled and race.withdraw():  # the primary swallowed ours and answered
-                raise asyncio.CancelledError from None  # cancelled from outside too
-            return result, (1 if race.twin is None else 2)
-        if failed is not None:
-            if isinstance(failed, AttemptFailed):
-                failed.requests = 2
-            raise failed
-        _won += 1
-        note_count("hedges_won")
-        return race.result, 2  # type: ignore[return-value]  # set with won
-    finally:
-        race.over = True
-        if race.cancelled and not race.withdrawn:  # the primary made ours another error
-            race.withdraw()
-        timer.cancel()
-        if race.twin is not None:
-            _cancel(race.twin)
-        # The primary's latency is at least this long: a lower bound keeps the percentile honest.
-        tracker.observe(loop.time() - began, policy)
-
-
 async def _race(
     start: Callable[[], Awaitable[T]], tracker: _Prefix, policy: Hedge, spare: int
 ) -> tuple[T, int]:
@@ -376,9 +235,6 @@ async def _race(
             raise
         tracker.observe(loop.time() - began, policy)
         return result, 1
-    task = asyncio.current_task()
-    if rank is None and task is not None and _CAN_UNCANCEL:
-        return await _race_inline(start, tracker, policy, began, task)
     primary: asyncio.Future[T] = asyncio.ensure_future(start())
     try:
         straggles = await _straggles(primary, tracker, policy, began, rank)
