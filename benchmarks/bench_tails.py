@@ -195,7 +195,6 @@ def main(argv: list[str] | None = None) -> int:
     n = args.samples or (256 if args.quick else 4096)
     # The smoke run keeps two distributions: the 2 s stragglers alone would take most of it.
     distributions = DISTRIBUTIONS[:2] if args.quick else DISTRIBUTIONS
-    results: dict[str, dict[str, Row]] = {}
     swept: list[tuple[int, tuple[float, float, float]]] = []
     with ObjectServerProcess() as server:
         # One unmeasured epoch first: the forkserver's one-time start-up is not any row's.
@@ -207,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.repeat or (1 if args.quick else 3)):
             for label, spec in distributions:
                 rounds[label].append(measure(server, spec, n, loader=not args.no_loader))
-        results = {label: _medians(got) for label, got in rounds.items()}
+        results: dict[str, dict[str, Row]] = {label: _medians(got) for label, got in rounds.items()}
         sweep = [int(c) for c in args.concurrency.split(",") if c]
         swept = [(c, _loader(server.prefix_spec(SIZE, "50"), n, False, c)) for c in sweep]
     if swept:

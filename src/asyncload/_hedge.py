@@ -7,7 +7,8 @@ recent latencies of its prefix, never below a floor), an identical request is se
 finishes first is used, and the other is cancelled. Cancelling releases the loser's response,
 and aiohttp closes a connection whose body was not read to the end, so nothing leaks; bytes are
 counted by the caller from the winner only. A request sent before the prefix's delay is
-known (the first wave of a fresh worker) is hedged too, at twice the delay once it is learned.
+known (the first wave of a fresh worker) is hedged too, once it is slow twice over (see
+``_straggles``).
 
 Costs are bounded twice. A token bucket per prefix earns ``Hedge.budget`` tokens per
 request and a hedge spends one, so hedges never exceed ``budget x requests`` (plus nothing: the
@@ -182,14 +183,14 @@ async def drain() -> None:
 
 
 async def _straggles(
-    primary: asyncio.Future[T], tracker: _Prefix, policy: Hedge, began: float, rank: int | None
+    primary: asyncio.Future[T], tracker: _Prefix, policy: Hedge, began: float, rank: int
 ) -> bool:
-    """Wait until *primary* is due a hedge; whether it is still running then.
+    """For a request sent before its prefix's delay was learned: wait until *primary* is due a
+    hedge; whether it is still running then.
 
-    *rank* is ``None`` for a request sent once its prefix's delay was learned. One sent before
-    (a fresh worker sends its first few hundred at once; *rank* requests went before it) looks
-    again every ``min_delay`` (20 ms at least), and is due only when it is slow twice over: at
-    twice the delay (the first estimate comes from the fastest of that wave), and once
+    A fresh worker sends its first few hundred requests at once; *rank* went before this one.
+    It looks again every ``min_delay`` (20 ms at least), and is due only when it is slow twice
+    over: at twice the delay (the first estimate comes from the fastest of that wave), and once
     requests sent after it have overtaken it (four more have finished than went before it). A
     request that waited in line for a connection is not overtaken, so the budget goes to the
     wave's real stragglers. Without this a straggler of the first wave, often in the first
@@ -198,9 +199,7 @@ async def _straggles(
     loop = asyncio.get_running_loop()
     while True:
         delay = tracker.delay
-        if rank is None:
-            timeout = began + delay - loop.time()
-        elif delay == float("inf") or tracker.finished - rank < _OVERTAKEN:
+        if delay == float("inf") or tracker.finished - rank < _OVERTAKEN:
             timeout = max(policy.min_delay, _LEARNING_POLL)
         else:
             timeout = began + 2 * delay - loop.time()
@@ -209,8 +208,6 @@ async def _straggles(
         done, _ = await asyncio.wait((primary,), timeout=timeout)
         if done:
             return False
-        if rank is None:
-            return True
 
 
 async def _race(
@@ -223,7 +220,8 @@ async def _race(
     global _sent, _won
     loop = asyncio.get_running_loop()
     began = loop.time()
-    rank = None if tracker.delay != float("inf") else tracker.started
+    delay = tracker.delay
+    rank = tracker.started  # requests of this prefix sent before this one
     tracker.started += 1
     tracker.earn(policy)
     if spare < 1:
@@ -237,7 +235,11 @@ async def _race(
         return result, 1
     primary: asyncio.Future[T] = asyncio.ensure_future(start())
     try:
-        straggles = await _straggles(primary, tracker, policy, began, rank)
+        if delay != float("inf"):  # the usual case: one wait, in this coroutine
+            done, _ = await asyncio.wait((primary,), timeout=delay)
+            straggles = not done
+        else:
+            straggles = await _straggles(primary, tracker, policy, began, rank)
     except BaseException:
         _cancel(primary)
         raise
