@@ -60,6 +60,31 @@ async def test_a_straggler_is_hedged_and_the_fast_copy_wins(http_server: ObjectS
     await asyncload.aclose()
 
 
+async def test_hedges_do_not_queue_behind_a_full_pool_of_stragglers(
+    http_server: ObjectServer,
+) -> None:
+    # Every connection of the pool is held by a straggler: a hedge that queued for one of them
+    # would wait as long as its straggler. Hedges have connections of their own.
+    saved = _storage.pool_size()
+    _storage.set_pool_size(4)
+    try:
+        _storage.configure(http_server.url, hedge=asyncload.Hedge(budget=0.5, min_delay=0.02))
+        await warm_up(http_server)
+        urls = [http_server.put(f"full/{i}", body(i)) for i in range(4)]
+        for i in range(4):
+            http_server.delay(f"full/{i}", 5.0)
+        began = time.monotonic()
+        got = await asyncio.gather(*(asyncload.read(u) for u in urls))
+        assert time.monotonic() - began < 2.5  # not the stragglers' 5 s
+        assert got == [body(i) for i in range(4)]
+        assert _hedge.counts() == _hedge.HedgeCounts(sent=4, won=4)
+        await settle(http_server)
+        assert not _hedge._losers
+    finally:
+        _storage.set_pool_size(saved)
+        await asyncload.aclose()
+
+
 async def test_hedges_respect_the_budget_and_never_change_bytes(
     http_server: ObjectServer,
 ) -> None:

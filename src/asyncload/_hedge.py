@@ -6,9 +6,10 @@ race a *hedge*: when a request has not answered within the delay (a high percent
 recent latencies of its prefix, never below a floor), an identical request is sent, whichever
 finishes first is used, and the other is cancelled. Cancelling releases the loser's response,
 and aiohttp closes a connection whose body was not read to the end, so nothing leaks; bytes are
-counted by the caller from the winner only. A request sent before the prefix's delay is
-known (the first wave of a fresh worker) is hedged too, once it is slow twice over (see
-``_straggles``).
+counted by the caller from the winner only. A hedge goes out on connections of its own
+(``sources._base.hedging``): it is sent when its primary's pool is busiest. A request sent
+before the prefix's delay is known (the first wave of a fresh worker) is hedged too, once it is
+slow twice over (see ``_straggles``).
 
 Costs are bounded twice. A token bucket per prefix earns ``Hedge.budget`` tokens per
 request and a hedge spends one, so hedges never exceed ``budget x requests`` (plus nothing: the
@@ -30,6 +31,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from ._metrics import note_count
 from ._retry import AttemptFailed, Hedge, backoff, give_up, next_wait
+from .sources._base import hedging
 
 if TYPE_CHECKING:
     from .sources._base import Backend, Resume, StorageOptions
@@ -152,6 +154,15 @@ def applies(url: str, options: StorageOptions) -> bool:
     return not url.startswith(("file:", "FILE:", "/")) and "://" in url
 
 
+def _send(start: Callable[[], Awaitable[T]]) -> asyncio.Future[T]:
+    """The hedge, in a task of its own that the backend knows for one (``hedging``)."""
+    token = hedging.set(True)  # the task copies this context
+    try:
+        return asyncio.ensure_future(start())
+    finally:
+        hedging.reset(token)
+
+
 _losers: set[asyncio.Future[object]] = set()
 
 
@@ -251,7 +262,7 @@ async def _race(
         return result, 1
     _sent += 1
     note_count("hedges_sent")
-    hedge: asyncio.Future[T] = asyncio.ensure_future(start())
+    hedge: asyncio.Future[T] = _send(start)
     pending: set[asyncio.Future[T]] = {primary, hedge}
     failure: AttemptFailed | None = None
     try:

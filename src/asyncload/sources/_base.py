@@ -16,6 +16,7 @@ Adding a scheme is one small module::
 from __future__ import annotations
 
 import abc
+import contextvars
 import re
 from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass, field
@@ -33,6 +34,8 @@ __all__ = [
     "StorageOptions",
     "backend_for",
     "encode_url",
+    "hedge_pool_size",
+    "hedging",
     "pool_size",
     "register",
     "registered_schemes",
@@ -216,6 +219,16 @@ _registry: dict[str, Backend] = {}
 
 # Connections per host a lazily created client may keep; the loader sets its max_concurrency.
 _pool_size = [64]
+
+# True in the task of a hedge (_hedge.py). A backend whose connection pool is a Python queue
+# (aiohttp's) sends hedges on connections of their own: a hedge is sent when its primary's pool
+# is busiest, and one waiting in that pool's queue would wait as long as its straggler.
+hedging: contextvars.ContextVar[bool] = contextvars.ContextVar("asyncload_hedging", default=False)
+
+
+def hedge_pool_size() -> int:
+    """Connections per host for hedges (see ``hedging``): at most a budget's worth is in flight."""
+    return max(4, _pool_size[0] // 8)
 
 
 def pool_size() -> int:

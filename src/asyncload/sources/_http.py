@@ -1,7 +1,8 @@
 """``http://`` and ``https://`` through aiohttp: one ClientSession per event loop.
 
 The session is created lazily on first use in a loop, with a connector sized by
-``pool_size`` (keep-alive on). It is closed by
+``pool_size`` (keep-alive on); hedges (``_base.hedging``) go through a second, smaller session
+of their own, so that a hedge never queues behind the primaries of a full pool. Both are closed by
 ``asyncload.aclose``, or, when nobody calls that, by the loop's own shutdown: a parked async
 generator holds the session and ``loop.shutdown_asyncgens()`` (which ``asyncio.run`` calls)
 finalizes it.
@@ -23,7 +24,17 @@ from yarl import URL
 
 from .._exceptions import InvalidURL, RedirectError
 from .._retry import AttemptFailed
-from ._base import Backend, ObjectInfo, Resume, StorageOptions, encode_url, pool_size, register
+from ._base import (
+    Backend,
+    ObjectInfo,
+    Resume,
+    StorageOptions,
+    encode_url,
+    hedge_pool_size,
+    hedging,
+    pool_size,
+    register,
+)
 from ._http_errors import (
     check_length,
     check_status,
@@ -44,24 +55,35 @@ _BASE_HEADERS = {"Accept-Encoding": "identity"}
 
 
 class _LoopClient:
-    __slots__ = ("closer", "loop", "session")
+    __slots__ = ("closer", "hedges", "loop", "session")
 
-    def __init__(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        session: aiohttp.ClientSession,
-        closer: AsyncIterator[None],
-    ) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, session: aiohttp.ClientSession) -> None:
         self.loop = loop
         self.session = session
-        self.closer = closer
+        self.hedges: aiohttp.ClientSession | None = None  # made at the first hedge
+        self.closer = _close_at_loop_shutdown(self)
+
+    async def close(self) -> None:
+        await self.session.close()
+        if self.hedges is not None:
+            await self.hedges.close()
 
 
-async def _close_at_loop_shutdown(session: aiohttp.ClientSession) -> AsyncIterator[None]:
+def _new_client_session(limit: int) -> aiohttp.ClientSession:
+    # Paced: a burst of new connections would overflow a small listen backlog (see _pacing).
+    return aiohttp.ClientSession(
+        connector=PacedConnector(limit=limit, keepalive_timeout=30.0),
+        auto_decompress=False,
+        timeout=aiohttp.ClientTimeout(total=None),
+        raise_for_status=False,
+    )
+
+
+async def _close_at_loop_shutdown(client: _LoopClient) -> AsyncIterator[None]:
     try:
         yield
     finally:
-        await session.close()
+        await client.close()
 
 
 class HttpBackend(Backend):
@@ -83,26 +105,26 @@ class HttpBackend(Backend):
 
     # -- clients -------------------------------------------------------------------------
     def _current_session(self) -> aiohttp.ClientSession | None:
+        """This loop's session (the hedges' one in a hedge's task), if it is made and open."""
         loop = asyncio.get_running_loop()
         client = self._clients.get(id(loop))
-        if client is not None and client.loop is loop and not client.session.closed:
-            return client.session
-        return None
+        if client is None or client.loop is not loop or client.session.closed:
+            return None
+        session = client.hedges if hedging.get() else client.session
+        return None if session is None or session.closed else session
 
     async def _new_session(self) -> aiohttp.ClientSession:
         loop = asyncio.get_running_loop()
-        # Paced: a burst of new connections would overflow a small listen backlog (see _pacing).
-        connector = PacedConnector(limit=pool_size(), keepalive_timeout=30.0)
-        session = aiohttp.ClientSession(
-            connector=connector,
-            auto_decompress=False,
-            timeout=aiohttp.ClientTimeout(total=None),
-            raise_for_status=False,
-        )
-        closer = _close_at_loop_shutdown(session)
-        await closer.__anext__()
-        self._clients[id(loop)] = _LoopClient(loop, session, closer)
-        return session
+        client = self._clients.get(id(loop))
+        if client is None or client.loop is not loop or client.session.closed:
+            client = self._clients[id(loop)] = _LoopClient(loop, _new_client_session(pool_size()))
+            # Parked in the loop's async generators: shutdown_asyncgens() closes the sessions.
+            await client.closer.__anext__()
+        if not hedging.get():
+            return client.session
+        if client.hedges is None or client.hedges.closed:
+            client.hedges = _new_client_session(hedge_pool_size())
+        return client.hedges
 
     async def aclose(self) -> None:
         loop = asyncio.get_running_loop()
@@ -111,7 +133,7 @@ class HttpBackend(Backend):
         for key in [k for k, c in self._clients.items() if c.loop.is_closed()]:
             del self._clients[key]
         if client is not None and client.loop is loop:
-            await client.session.close()
+            await client.close()
             await client.closer.aclose()  # type: ignore[attr-defined]
 
     @staticmethod
