@@ -314,6 +314,30 @@ async def test_cancelling_the_caller_cancels_both_copies() -> None:
     assert copies.ended == ["cancelled", "cancelled"]
 
 
+async def test_a_straggler_the_budget_refused_asks_again_and_is_hedged() -> None:
+    # Too few tokens at its first ask (the reserve stays for later asks): the straggler
+    # asks again every delay, each time with more of the bucket open to it.
+    tracker, policy = _learned()
+    tracker.tokens = 1.5  # 2 once this request has earned its 0.5: the first ask wants 4
+    copies = Copies(after(5.0, "primary"), after(0.01, "hedge"))
+    # Never the primary's 5 s.
+    assert await asyncio.wait_for(_hedge._race(copies, tracker, policy, 1), 2.0) == ("hedge", 2)
+    assert tracker.tokens == pytest.approx(1.0)
+    await _hedge.drain()
+    assert copies.ended == ["hedge", "cancelled"]
+
+
+async def test_a_request_slightly_over_its_delay_leaves_the_reserve() -> None:
+    # One request in twenty outlives a p95 delay by a little: at its first ask it may not take
+    # the tokens kept for stragglers, and it answers before its next ask.
+    tracker, policy = _learned(delay=0.1)
+    tracker.tokens = 3.25  # + 0.5 earned: under the 1 + _RESERVE (3) that a first ask wants
+    copies = Copies(after(0.15, "primary"), after(0.01, "hedge"))
+    assert await _hedge._race(copies, tracker, policy, 1) == ("primary", 1)
+    assert copies.ended == ["primary"]
+    assert _hedge.counts().sent == 0
+
+
 async def test_a_404_from_the_hedge_ends_the_round_and_counts_two_requests() -> None:
     tracker, policy = _learned()
     missing = AttemptFailed(NotFound, "missing", status=404)

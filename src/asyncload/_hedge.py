@@ -13,7 +13,9 @@ slow twice over (see ``_straggles``).
 
 Costs are bounded twice. A token bucket per prefix earns ``Hedge.budget`` tokens per
 request and a hedge spends one, so hedges never exceed ``budget x requests`` (plus nothing: the
-bucket starts empty). And a hedge is an attempt of the [`Retry`][asyncload.Retry] policy: a
+bucket starts empty). A request the bucket refused asks again every delay, and the longer it is
+out the more of the bucket is open to it (``_RESERVE``), so the budget goes to real stragglers
+first. And a hedge is an attempt of the [`Retry`][asyncload.Retry] policy: a
 request with ``attempts=1`` is never hedged, and a round in which both copies failed used two
 attempts.
 
@@ -50,6 +52,13 @@ _MIN_SAMPLES = 20
 # how many requests sent after it must have finished first (see _straggles).
 _LEARNING_POLL = 0.02
 _OVERTAKEN = 4
+# _RESERVE: by its definition, one request in twenty outlives a p95 delay, mostly by a little,
+# and those would spend a 5% budget whole. A request the bucket refused asks again every delay
+# (tokens come back with every request), and at its first ask it leaves this many tokens in the
+# bucket, at its second one fewer, and so on: the longer a request is out, the surer it is a
+# straggler. The end of an epoch earns no more tokens (no more requests), and its last
+# stragglers need some.
+_RESERVE = 3
 # Tokens a quiet prefix may save up, so a burst of stragglers after a calm period is bounded.
 _MAX_TOKENS = 10.0
 _MAX_PREFIXES = 1024
@@ -117,8 +126,9 @@ class _Prefix:
     def earn(self, policy: Hedge) -> None:
         self.tokens = min(_MAX_TOKENS, self.tokens + policy.budget)
 
-    def spend(self) -> bool:
-        if self.tokens < 1.0:
+    def spend(self, reserve: int = 0) -> bool:
+        """Take a token for a hedge, leaving *reserve* tokens in the bucket (see ``_RESERVE``)."""
+        if self.tokens < 1.0 + reserve:
             return False
         self.tokens -= 1.0
         return True
@@ -251,10 +261,15 @@ async def _race(
             straggles = not done
         else:
             straggles = await _straggles(primary, tracker, policy, began, rank)
+        # Refused: ask again a delay later, more of the bucket open each time (_RESERVE).
+        asks = 0 if delay != float("inf") else _RESERVE  # _straggles waited twice over
+        while straggles and not tracker.spend(max(0, _RESERVE - asks)):
+            done, _ = await asyncio.wait((primary,), timeout=tracker.delay)
+            straggles, asks = not done, asks + 1
     except BaseException:
         _cancel(primary)
         raise
-    if not straggles or not tracker.spend():
+    if not straggles:
         try:
             result = await primary
         finally:
