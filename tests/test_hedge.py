@@ -315,16 +315,61 @@ async def test_cancelling_the_caller_cancels_both_copies() -> None:
 
 
 async def test_a_straggler_the_budget_refused_asks_again_and_is_hedged() -> None:
-    # Too few tokens at its first ask (the reserve stays for later asks): the straggler
-    # asks again every delay, each time with more of the bucket open to it.
+    # The bucket is empty at the straggler's first delay; a token comes back later (as other
+    # requests earn them). The straggler asks again every delay, each time with more of the
+    # bucket open to it, and takes it.
     tracker, policy = _learned()
-    tracker.tokens = 1.5  # 2 once this request has earned its 0.5: the first ask wants 4
+    tracker.tokens = 0.25  # 0.75 once this request has earned its 0.5: no hedge at first
+
+    async def a_token_comes_back() -> None:
+        await asyncio.sleep(0.05)  # after two or three delays of 20 ms
+        tracker.tokens += 1.0
+
     copies = Copies(after(5.0, "primary"), after(0.01, "hedge"))
+    refill = asyncio.ensure_future(a_token_comes_back())
     # Never the primary's 5 s.
     assert await asyncio.wait_for(_hedge._race(copies, tracker, policy, 1), 2.0) == ("hedge", 2)
-    assert tracker.tokens == pytest.approx(1.0)
+    await refill
+    assert tracker.tokens == pytest.approx(0.75)
     await _hedge.drain()
     assert copies.ended == ["hedge", "cancelled"]
+
+
+async def test_a_refused_request_asks_at_most_every_poll_interval(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A small min_delay lets the delay be ~1 ms (or 0): asking again must not spin the loop.
+    tracker, _ = _learned(delay=0.001)
+    tracker.tokens = 0.0
+    policy = asyncload.Hedge(budget=1e-6, min_delay=0.001)  # earns next to nothing
+    asks = 0
+    spend = _hedge._Prefix.spend
+
+    def counted(self: _hedge._Prefix, reserve: int = 0) -> bool:
+        nonlocal asks
+        asks += 1
+        return spend(self, reserve)
+
+    monkeypatch.setattr(_hedge._Prefix, "spend", counted)
+    copies = Copies(after(0.2, "primary"))
+    assert await _hedge._race(copies, tracker, policy, 1) == ("primary", 1)
+    assert 1 <= asks <= 0.2 / _hedge._LEARNING_POLL + 2
+
+
+async def test_a_refused_straggler_cancelled_while_asking_is_still_observed() -> None:
+    # Its latency is at least what it waited: leaving it out would pull the percentile down.
+    tracker, policy = _learned()
+    tracker.tokens = 0.0
+    finished = tracker.finished
+    copies = Copies(after(5.0, "primary"))
+    task = asyncio.ensure_future(_hedge._race(copies, tracker, policy, 1))
+    await asyncio.sleep(0.1)  # refused at 20 ms, asking since
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await _hedge.drain()
+    assert copies.ended == ["cancelled"]
+    assert tracker.finished == finished + 1
 
 
 async def test_a_request_slightly_over_its_delay_leaves_the_reserve() -> None:

@@ -255,18 +255,23 @@ async def _race(
         tracker.observe(loop.time() - began, policy)
         return result, 1
     primary: asyncio.Future[T] = asyncio.ensure_future(start())
+    straggles = False
     try:
         if delay != float("inf"):  # the usual case: one wait, in this coroutine
             done, _ = await asyncio.wait((primary,), timeout=delay)
             straggles = not done
         else:
             straggles = await _straggles(primary, tracker, policy, began, rank)
-        # Refused: ask again a delay later, more of the bucket open each time (_RESERVE).
+        # Refused: ask again a delay later (never sooner than _LEARNING_POLL: min_delay may be
+        # 0), more of the bucket open each time (_RESERVE).
         asks = 0 if delay != float("inf") else _RESERVE  # _straggles waited twice over
         while straggles and not tracker.spend(max(0, _RESERVE - asks)):
-            done, _ = await asyncio.wait((primary,), timeout=tracker.delay)
+            wait = max(tracker.delay, _LEARNING_POLL)
+            done, _ = await asyncio.wait((primary,), timeout=wait)
             straggles, asks = not done, asks + 1
     except BaseException:
+        if straggles:  # a straggler cancelled while it asked: its latency is at least this
+            tracker.observe(loop.time() - began, policy)
         _cancel(primary)
         raise
     if not straggles:

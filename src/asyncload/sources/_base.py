@@ -227,8 +227,9 @@ hedging: contextvars.ContextVar[bool] = contextvars.ContextVar("asyncload_hedgin
 
 
 def hedge_pool_size() -> int:
-    """Connections per host for hedges (see ``hedging``): at most a budget's worth is in flight."""
-    return max(4, _pool_size[0] // 8)
+    """Connections for hedges (see ``hedging``), all hosts together: room for a burst of the
+    10 hedges a prefix may save up (``_hedge._MAX_TOKENS``) and then some."""
+    return max(16, _pool_size[0] // 8)
 
 
 def pool_size() -> int:

@@ -64,9 +64,11 @@ class _LoopClient:
         self.closer = _close_at_loop_shutdown(self)
 
     async def close(self) -> None:
-        await self.session.close()
-        if self.hedges is not None:
-            await self.hedges.close()
+        try:
+            await self.session.close()
+        finally:
+            if self.hedges is not None:
+                await self.hedges.close()
 
 
 def _new_client_session(limit: int) -> aiohttp.ClientSession:
@@ -117,6 +119,9 @@ class HttpBackend(Backend):
         loop = asyncio.get_running_loop()
         client = self._clients.get(id(loop))
         if client is None or client.loop is not loop or client.session.closed:
+            if client is not None and client.loop is loop:  # its hedges' session may be open
+                await client.close()
+                await client.closer.aclose()  # type: ignore[attr-defined]
             client = self._clients[id(loop)] = _LoopClient(loop, _new_client_session(pool_size()))
             # Parked in the loop's async generators: shutdown_asyncgens() closes the sessions.
             await client.closer.__anext__()
