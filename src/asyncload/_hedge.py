@@ -259,12 +259,11 @@ async def _race(
     try:
         if delay != float("inf"):  # the usual case: one wait, in this coroutine
             done, _ = await asyncio.wait((primary,), timeout=delay)
-            straggles = not done
-        else:
-            straggles = await _straggles(primary, tracker, policy, began, rank)
+            straggles, asks = not done, 0
+        else:  # slow twice over when it returns: the whole bucket is open to it
+            straggles, asks = await _straggles(primary, tracker, policy, began, rank), _RESERVE
         # Refused: ask again a delay later (never sooner than _LEARNING_POLL: min_delay may be
         # 0), more of the bucket open each time (_RESERVE).
-        asks = 0 if delay != float("inf") else _RESERVE  # _straggles waited twice over
         while straggles and not tracker.spend(max(0, _RESERVE - asks)):
             wait = max(tracker.delay, _LEARNING_POLL)
             done, _ = await asyncio.wait((primary,), timeout=wait)

@@ -217,7 +217,8 @@ class Backend(abc.ABC):
 
 _registry: dict[str, Backend] = {}
 
-# Connections per host a lazily created client may keep; the loader sets its max_concurrency.
+# Connections a lazily created client may keep (all hosts together: aiohttp's ``limit``); the
+# loader sets its max_concurrency.
 _pool_size = [64]
 
 # True in the task of a hedge (_hedge.py). A backend whose connection pool is a Python queue

@@ -70,6 +70,11 @@ class _LoopClient:
             if self.hedges is not None:
                 await self.hedges.close()
 
+    async def aclose(self) -> None:
+        """Close both sessions now, and retire the generator that would at loop shutdown."""
+        await self.close()
+        await self.closer.aclose()  # type: ignore[attr-defined]
+
 
 def _new_client_session(limit: int) -> aiohttp.ClientSession:
     # Paced: a burst of new connections would overflow a small listen backlog (see _pacing).
@@ -120,8 +125,7 @@ class HttpBackend(Backend):
         client = self._clients.get(id(loop))
         if client is None or client.loop is not loop or client.session.closed:
             if client is not None and client.loop is loop:  # its hedges' session may be open
-                await client.close()
-                await client.closer.aclose()  # type: ignore[attr-defined]
+                await client.aclose()
             client = self._clients[id(loop)] = _LoopClient(loop, _new_client_session(pool_size()))
             # Parked in the loop's async generators: shutdown_asyncgens() closes the sessions.
             await client.closer.__anext__()
@@ -138,8 +142,7 @@ class HttpBackend(Backend):
         for key in [k for k, c in self._clients.items() if c.loop.is_closed()]:
             del self._clients[key]
         if client is not None and client.loop is loop:
-            await client.close()
-            await client.closer.aclose()  # type: ignore[attr-defined]
+            await client.aclose()
 
     @staticmethod
     def _timeout(options: StorageOptions) -> aiohttp.ClientTimeout:
