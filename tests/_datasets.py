@@ -342,3 +342,22 @@ class LocalFiles(asyncload.Dataset[bytes]):
 
     async def __getitem__(self, index: int) -> bytes:
         return await asyncload.read(self.paths[index])
+
+
+class GcThreshold(asyncload.Dataset[tuple[int, int, int]]):
+    """The cyclic collector's thresholds where the sample is fetched."""
+
+    def __len__(self) -> int:
+        return 2
+
+    async def __getitem__(self, index: int) -> tuple[int, int, int]:
+        import gc
+
+        return gc.get_threshold()
+
+
+def init_sets_gc_threshold(worker_id: int) -> None:
+    """A worker_init_fn with its own idea of the collector's thresholds."""
+    import gc
+
+    gc.set_threshold(1234, 5, 6)

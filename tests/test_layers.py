@@ -37,6 +37,7 @@ LAYERS: dict[str, int] = {
     "_plain": 1,  # asyncload datasets under torch's own DataLoader
     "_guards": 1,  # start-up mistakes, checked in the main process
     "_watchdog": 1,  # blocked loops, parent death, forgotten awaits
+    "_tuning": 1,  # heap and collector thresholds of a loader's processes
     "_shm": 1,
     "_shm_mirror": 1,
     "_shm_pool": 1,  # a worker's BlockPool; _shm re-exports it

@@ -12,14 +12,12 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextvars
-import ctypes
 import gc
 import os
 import pickle
 import queue
 import random
 import signal
-import sys
 import threading
 import traceback
 from collections.abc import Callable
@@ -29,7 +27,7 @@ import numpy as np
 import torch
 import torch.utils.data
 
-from . import _metrics, _sharding, _shipping, _shm, _storage, _watchdog
+from . import _metrics, _sharding, _shipping, _shm, _storage, _tuning, _watchdog
 from ._engine import Engine, WorkerConfig
 from ._protocol import (
     POLL_INTERVAL,
@@ -86,25 +84,6 @@ def _install_worker_info(cfg: WorkerConfig) -> None:
 
 
 # ── worker process ────────────────────────────────────────────────────────────────────────────
-
-# glibc's malloc returns freed memory at the top of the heap to the kernel once more than
-# ~2 × the largest recent mmap'd chunk is free (a few hundred KiB). A worker frees and
-# reallocates max_concurrency response bodies every round trip, so each one faulted its pages
-# in again: 8-16 page faults per 100 KB sample, ~15% of a worker's CPU on the 50 ms benchmark.
-# Keep up to this much free at the top, and serve objects up to half of it from the heap.
-_MALLOC_TRIM_THRESHOLD = 64 << 20
-_MALLOC_MMAP_THRESHOLD = 16 << 20
-
-
-def _tune_malloc() -> None:
-    try:
-        libc = ctypes.CDLL(None)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):  # pragma: no cover - not glibc (musl, macOS)
-        return
-    m_trim_threshold, m_mmap_threshold = -1, -3  # from glibc's malloc.h
-    mallopt(m_mmap_threshold, _MALLOC_MMAP_THRESHOLD)
-    mallopt(m_trim_threshold, _MALLOC_TRIM_THRESHOLD)
 
 
 def _reader(
@@ -163,8 +142,7 @@ def worker_main(sent: Any, index_queue: Any, result_queue: Any, done_event: Any)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _watchdog.watch_parent(cfg.main_pid)  # asyncload-guard hook: exits even if the loop is stuck
     torch.set_num_threads(1)
-    if sys.platform == "linux":
-        _tune_malloc()
+    _tuning.tune_worker(cfg.max_concurrency)  # before worker_init_fn: the user's settings win
     where = f"in DataLoader worker {cfg.worker_id} (pid {os.getpid()})"
     _reseed(cfg.base_seed + cfg.worker_id, cfg.worker_id)
     _install_worker_info(cfg)

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from multiprocessing.reduction import ForkingPickler
 from typing import TYPE_CHECKING, Any
 
-from .. import _shm, _storage
+from .. import _shm, _storage, _tuning
 from .._context import diagnose_pickling
 from .._engine import WorkerConfig
 from .._exceptions import WorkerError
@@ -90,6 +90,7 @@ class ProcessWorkers:
         self._pin_thread: PinMemoryThread | None = None
         self._replies: Any = None
         self._context, self._slot, self._next_pass = context, standby, next_pass
+        _tuning.tune_main()  # this process unpickles every batch (see _tuning)
         waiting = standby.take(context, len(configs)) if standby is not None else None
         if waiting is not None:
             self._done_event, self._result_queue = waiting.done_event, waiting.result_queue

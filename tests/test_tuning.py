@@ -1,0 +1,69 @@
+"""Heap and collector thresholds of a loader's processes (``_tuning``)."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import asyncload
+from asyncload import _tuning
+
+from ._datasets import GcThreshold, init_sets_gc_threshold
+
+pytestmark = pytest.mark.usefixtures("no_leaks")
+
+SCRIPT = Path(__file__).resolve().parent / "_scripts" / "heap_thresholds.py"
+
+
+def _has_mallinfo2() -> bool:
+    try:
+        ctypes.CDLL(None).mallinfo2  # noqa: B018 - glibc 2.33+
+    except (OSError, AttributeError):
+        return False
+    return sys.platform == "linux"
+
+
+def test_a_worker_collects_young_objects_once_per_many_requests_in_flight() -> None:
+    loader = asyncload.DataLoader(GcThreshold(), batch_size=None, num_workers=1, max_concurrency=64)
+    (gen0, gen1, gen2), _ = list(loader)
+    assert gen0 == 64 * _tuning._GC_PER_REQUEST
+    assert (gen1, gen2) == (10, 10)  # CPython's
+
+
+def test_worker_init_fn_has_the_last_word_on_the_collector() -> None:
+    loader = asyncload.DataLoader(
+        GcThreshold(), batch_size=None, num_workers=1, worker_init_fn=init_sets_gc_threshold
+    )
+    assert [tuple(t) for t in loader] == [(1234, 5, 6)] * 2
+
+
+def test_the_main_process_keeps_its_collector_and_threads_leave_it_alone() -> None:
+    import gc
+
+    before = gc.get_threshold()
+    loader = asyncload.DataLoader(GcThreshold(), batch_size=None, num_workers=0)
+    assert [tuple(t) for t in loader] == [before, before]
+    assert gc.get_threshold() == before
+
+
+@pytest.mark.skipif(not _has_mallinfo2(), reason="glibc 2.33+ only (mallinfo2)")
+@pytest.mark.parametrize(("how", "after"), [("none", True), ("loader", False)])
+def test_a_pass_with_workers_lets_glibc_keep_freed_batches_in_the_heap(
+    how: str, after: bool
+) -> None:
+    # A fresh interpreter: glibc's thresholds only ever rise, and this one's may have.
+    out = subprocess.run(
+        [sys.executable, str(SCRIPT), how],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    result = json.loads(out.stdout.splitlines()[-1])
+    assert result["before"] is True  # glibc's default: 1 MiB comes from mmap
+    assert result["after"] is after
