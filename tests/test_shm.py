@@ -11,6 +11,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 import torch.utils.data
@@ -369,6 +370,29 @@ def test_a_large_pickled_batch_travels_in_a_block_and_the_block_is_reused() -> N
         assert small.stashed is None
 
 
+def test_a_stashed_batch_of_mixed_pieces_comes_back_whole() -> None:
+    # The pickler hands large payloads to its file as they are and frames the rest: the block
+    # must hold them in order, whatever their type.
+    batch = {
+        "blobs": [bytes([i]) * (60_000 + 7_000 * i) for i in range(6)],
+        "mutable": bytearray(b"b" * 200_000),
+        "array": np.arange(30_000, dtype=np.int32),
+        "text": "t" * 100_000,
+        "small": [1, 2.5, None, "x", b"y"],
+    }
+    with worker_pool("test-stash-mixed", max_blocks=4) as pool:
+        for sent in range(2):  # the second time in the block the first one freed
+            msg = pack(Result(sent, 0, 0, batch))
+            assert isinstance(msg, Packed)
+            assert msg.stashed is not None
+            got = unpack(msg).data
+            assert got.keys() == batch.keys()
+            for key in ("blobs", "mutable", "text", "small"):
+                assert got[key] == batch[key]
+            assert np.array_equal(got["array"], batch["array"])
+            pool.release(_shm.take_freed(pool.token))
+
+
 def test_a_large_pickled_batch_travels_inline_when_the_pool_is_full() -> None:
     with worker_pool("test-stash-full", max_blocks=4, stash_blocks=1) as pool:
         blobs = [bytes([i]) * 100_000 for i in range(4)]
@@ -393,7 +417,7 @@ def test_stashed_messages_have_their_own_blocks() -> None:
     refs = []
     for _ in range(8):
         pool.begin()
-        ref = pool.stash(memoryview(b"m" * 300_000))
+        ref = pool.stash([memoryview(b"m" * 300_000)], 300_000)
         assert ref is not None
         refs.append(ref)
         fds, _ = pool.end(sent=True)
@@ -401,12 +425,13 @@ def test_stashed_messages_have_their_own_blocks() -> None:
             os.close(dup.detach())
     assert pool.allocate(100_000) is None  # the one storage block is in use
     pool.begin()
-    assert pool.stash(memoryview(b"m" * 300_000)) is None  # eight stashes in the main process
+    # Eight stashes are in the main process.
+    assert pool.stash([memoryview(b"m" * 300_000)], 300_000) is None
     pool.end(sent=False)
     pool.release(tuple(x for r in refs for x in (r.block.id, r.seq)))
     assert len(pool._free_stash) == 8  # all kept for the next burst
     pool.begin()
-    assert pool.stash(memoryview(b"m" * 300_000)) is not None
+    assert pool.stash([memoryview(b"m" * 300_000)], 300_000) is not None
     pool.end(sent=False)
     assert pool.created == 1 + 8
     del storage

@@ -12,6 +12,7 @@ import mmap
 import os
 import threading
 import weakref
+from collections.abc import Sequence
 from multiprocessing.reduction import DupFd
 from typing import Any, NamedTuple
 
@@ -339,16 +340,20 @@ class BlockPool:
         self._copies[key] = block.ref
         return block.ref
 
-    def stash(self, data: memoryview) -> BlockRef | None:
-        """Copy *data* (a pickled message) into a block that the message being pickled names;
-        None when the pool is full. The main process reads it once and gives it back."""
-        n = len(data)
+    def stash(self, parts: Sequence[memoryview], nbytes: int) -> BlockRef | None:
+        """Copy *parts* (a pickled message, *nbytes* in all, in the pieces its pickler wrote)
+        into a block that the message being pickled names; None when the pool is full. The
+        main process reads it once and gives it back."""
         with self._lock:
-            block = self._new_use(_size_class(n), n, stash=True)
+            block = self._new_use(_size_class(nbytes), nbytes, stash=True)
             if block is None:
                 return None
             block.packing = True
-        block.mm[:n] = data
+        offset = 0
+        for part in parts:
+            end = offset + part.nbytes
+            block.mm[offset:end] = part
+            offset = end
         if self._packing is not None:
             self._packing.append(block)
         return block.ref
