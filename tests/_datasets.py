@@ -361,3 +361,15 @@ def init_sets_gc_threshold(worker_id: int) -> None:
     import gc
 
     gc.set_threshold(1234, 5, 6)
+
+
+class StoresBuilt(asyncload.Dataset[int]):
+    """How many obstore stores the worker had built when the sample was asked for."""
+
+    def __len__(self) -> int:
+        return 2
+
+    async def __getitem__(self, index: int) -> int:
+        from asyncload import _storage
+
+        return len(getattr(_storage.backend_for("s3://any"), "_stores", ()))

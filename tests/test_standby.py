@@ -16,6 +16,7 @@ import pytest
 import asyncload
 from asyncload._workers import StandbySlot
 
+from ._datasets import StoresBuilt
 from ._procs import worker_processes
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
@@ -211,6 +212,16 @@ def test_a_slot_closed_while_starting_stops_what_it_started() -> None:
     assert not ({p.pid for p in worker_processes()} - before)
     slot.prepare(multiprocessing.get_context("forkserver"), 2)  # closed: starts nothing
     assert slot.take(multiprocessing.get_context("forkserver"), 2) is None
+
+
+@pytest.mark.usefixtures("clean_storage")
+def test_standby_processes_build_the_configured_stores_before_their_pass() -> None:
+    pytest.importorskip("obstore", reason="obstore (asyncload-torch[s3]) is not installed")
+    # Nothing listens there: building a store connects to nothing.
+    asyncload.configure("s3://asyncload-standby", endpoint="http://127.0.0.1:9", region="r")
+    loader = asyncload.DataLoader(StoresBuilt(), batch_size=None, num_workers=1)
+    for _ in range(2):  # processes started when the loader was built, then by the first pass
+        assert [int(n) for n in loader] == [1, 1]
 
 
 def test_a_standby_of_another_shape_is_not_used() -> None:

@@ -210,7 +210,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
             early = early_context(self.multiprocessing_context)
             if early is not None:
                 start_early(early)
-                self._standby.prepare(early, self.num_workers)
+                self._standby.prepare(early, self.num_workers, max_concurrency=self.max_concurrency)
 
     def _spec(self) -> PassSpec:
         if self.pin_memory and self.pin_memory_device:

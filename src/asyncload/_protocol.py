@@ -67,10 +67,13 @@ from __future__ import annotations
 import pickle
 import traceback
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from ._exceptions import add_note
 from ._stats import RecorderSnapshot
+
+if TYPE_CHECKING:
+    from ._storage_config import StorageConfig
 
 __all__ = [
     "Exhausted",
@@ -128,9 +131,13 @@ class Shutdown:
 @dataclass(frozen=True, slots=True)
 class Standing:
     """A standby worker's argument instead of its config (``_workers._standby``): the config
-    comes later, pickled, on its index queue; meanwhile it watches *main_pid*."""
+    comes later, pickled, on its index queue; meanwhile it watches *main_pid* and builds the
+    storage clients of *storage* (the main process's settings when it was started) with
+    *pool_size* connections per host, the pass's ``max_concurrency``."""
 
     main_pid: int
+    storage: StorageConfig | None = None
+    pool_size: int = 0
 
 
 # ── worker → main ─────────────────────────────────────────────────────────────────────────────

@@ -33,6 +33,7 @@ from ._storage_config import (
     learn_connections,
     options_for,
     pool_size,
+    prewarm,
     set_pool_size,
 )
 from .sources import _base, _pacing
@@ -53,6 +54,7 @@ __all__ = [
     "list_files_async",
     "options_for",
     "pool_size",
+    "prewarm",
     "read",
     "read_sync",
     "set_pool_size",

@@ -24,6 +24,7 @@ __all__ = [
     "learn_connections",
     "options_for",
     "pool_size",
+    "prewarm",
     "set_pool_size",
 ]
 
@@ -161,13 +162,35 @@ def export_config() -> StorageConfig:
     )
 
 
-def import_config(snapshot: object) -> None:
-    """Install a snapshot from ``export_config`` (in a worker process), replacing any."""
+def import_config(snapshot: object, *, pool_size: int | None = None) -> None:
+    """Install a snapshot from ``export_config`` (in a worker process), replacing any, with
+    *pool_size* connections per host (default: the snapshot's).
+
+    Installing the prefixes and pool size this process has already keeps its clients: those
+    a standby worker built for them (``prewarm``) serve the pass.
+    """
     if not isinstance(snapshot, StorageConfig):
         raise TypeError(f"expected a StorageConfig from export_config(), got {type(snapshot)!r}")
-    _base.set_pool_size(snapshot.pool_size)
+    pool = snapshot.pool_size if pool_size is None else pool_size
     _pacing.trust(snapshot.connections)
+    if snapshot.prefixes == tuple(_prefixes) and pool == _base.pool_size():
+        return
+    _base.set_pool_size(pool)
     _install(list(snapshot.prefixes))
+
+
+def prewarm(snapshot: StorageConfig, pool_size: int) -> None:
+    """Install *snapshot* and build the clients of its prefixes now, ahead of the pass that
+    needs them (a standby worker, before its config arrives; see ``_workers._standby``).
+
+    An obstore client takes 7-17 ms to build (its TLS roots are loaded each time), on the
+    worker's event loop, in front of every request of a pass's first round trip.
+    """
+    import_config(snapshot, pool_size=pool_size)
+    for prefix, options in _prefixes:
+        warm = getattr(_base.backend_for(prefix), "prewarm", None)
+        if warm is not None:
+            warm(prefix, options)
 
 
 def learn_connections(counts: tuple[tuple[str, int], ...]) -> None:

@@ -133,7 +133,7 @@ def worker_main(sent: Any, index_queue: Any, result_queue: Any, done_event: Any)
     # asyncload-guard hook: *sent* is a _shipping.Shipped WorkerConfig; a failure to unpickle it
     # is reported to the main process. A standby worker (_workers._standby) gets it later.
     if isinstance(sent, Standing):
-        sent = _await_config(sent.main_pid, index_queue, done_event)
+        sent = _await_config(sent, index_queue, done_event)
         if sent is None:  # stopped before any pass took it
             return
     cfg: WorkerConfig | None = _shipping.received(sent, result_queue)
@@ -164,8 +164,7 @@ def worker_main(sent: Any, index_queue: Any, result_queue: Any, done_event: Any)
     if cfg.shm_token:
         _shm.install_pool(cfg.shm_token, max_blocks=cfg.shm_blocks, min_bytes=INLINE_MAX)
     try:
-        _storage.import_config(cfg.storage_config)
-        _storage.set_pool_size(cfg.max_concurrency)
+        _storage.import_config(cfg.storage_config, pool_size=cfg.max_concurrency)
         if cfg.worker_init_fn is not None:
             cfg.worker_init_fn(cfg.worker_id)
     except Exception as exc:
@@ -197,14 +196,20 @@ def worker_main(sent: Any, index_queue: Any, result_queue: Any, done_event: Any)
         os._exit(0)
 
 
-def _await_config(main_pid: int, index_queue: Any, done_event: Any) -> Any:
+def _await_config(standing: Standing, index_queue: Any, done_event: Any) -> Any:
     """A standby worker's wait for its pickled config; ``None`` when told to stop instead."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _watchdog.watch_parent(main_pid)
+    _watchdog.watch_parent(standing.main_pid)
     # What every worker does first and needs no config for, done while nobody waits: a new
-    # process's first seeding alone takes ~2 ms (its pages are copied on first write).
+    # process's first seeding alone takes ~2 ms (its pages are copied on first write), an
+    # obstore client 7-17 ms.
     torch.set_num_threads(1)
     _reseed(0, 0)
+    if standing.storage is not None:
+        try:
+            _storage.prewarm(standing.storage, standing.pool_size)
+        except Exception:  # the pass builds its clients itself, and reports what fails
+            pass
     while not done_event.is_set():
         try:
             _, msg = index_queue.get(timeout=POLL_INTERVAL)

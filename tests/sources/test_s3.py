@@ -153,6 +153,31 @@ async def test_endpoint_and_credentials_from_configure(
 
 
 @pytest.mark.asyncio
+async def test_a_store_built_ahead_serves_the_pass_that_installs_the_same_settings(
+    s3_server: S3Server,
+) -> None:
+    # A standby worker builds the stores of the prefixes configured when it started
+    # (_storage.prewarm); the config that arrives later keeps them if nothing changed.
+    bucket = s3_server.bucket("asyncload-warm", {"k": b"warm"})
+    asyncload.configure(bucket, endpoint=s3_server.endpoint, region=REGION)
+    snapshot = _storage.export_config()
+    backend = _storage.backend_for(bucket)
+    assert isinstance(backend, _s3.ObjectStoreBackend)
+    _storage.reset()  # a new process: nothing configured, no store
+    _storage.prewarm(snapshot, 16)
+    [(key, (_, store))] = backend._stores.items()
+    _storage.import_config(snapshot, pool_size=16)  # the pass's config: the same settings
+    assert await asyncload.read(f"{bucket}/k") == b"warm"
+    assert len(backend._stores) == 1
+    assert backend._stores[key][1] is store  # no store built on the pass's loop
+    # Other settings (here the pool size) are new stores.
+    _storage.import_config(snapshot, pool_size=32)
+    assert backend._stores == {}
+    assert await asyncload.read(f"{bucket}/k") == b"warm"
+    assert [s for _, s in backend._stores.values()] != [store]
+
+
+@pytest.mark.asyncio
 async def test_refused_endpoint_fails_fast(s3_server: S3Server) -> None:
     _storage.configure("s3://asyncload-refused", endpoint="http://127.0.0.1:9")
     t0 = time.monotonic()

@@ -81,6 +81,7 @@ class ProcessWorkers:
     ) -> None:
         # Every field close() touches is set before anything can fail.
         self.count = len(configs)
+        self._max_concurrency = configs[0].max_concurrency if configs else 0
         self.live_stats: Callable[[], RecorderSnapshot] | None = None  # they ride on replies
         self._closed = False
         self._answered = self._next_wanted = False  # prepare_next()
@@ -183,7 +184,7 @@ class ProcessWorkers:
         self._next_wanted = True
         if self._answered and self._slot is not None and self._next_pass and not self._closed:
             self._next_wanted = False
-            self._slot.prepare(self._context, self.count)
+            self._slot.prepare(self._context, self.count, max_concurrency=self._max_concurrency)
 
     @property
     def pids(self) -> tuple[int, ...]:

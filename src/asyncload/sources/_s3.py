@@ -186,6 +186,11 @@ class ObjectStoreBackend(Backend):
         """Forget every store (new options or credentials take effect on next use)."""
         self._stores.clear()
 
+    def prewarm(self, prefix: str, options: StorageOptions) -> None:
+        """Build the store of the bucket a configured *prefix* names (``_storage.prewarm``)."""
+        scheme, bucket, _ = split_bucket(prefix)
+        self._store(scheme, bucket, options)
+
     def check_options(self, prefix: str, options: StorageOptions) -> None:
         """Reject, at ``configure()`` time, config keys the prefix's cloud does not know."""
         check_options(prefix, prefix.partition("://")[0].lower(), options)
