@@ -363,13 +363,22 @@ def init_sets_gc_threshold(worker_id: int) -> None:
     gc.set_threshold(1234, 5, 6)
 
 
-class StoresBuilt(asyncload.Dataset[int]):
-    """How many obstore stores the worker had built when the sample was asked for."""
+class StoresBuilt(asyncload.Dataset[tuple[int, int]]):
+    """The obstore stores the worker had built when the sample was asked for, and once the
+    store for ``s3://asyncload-standby`` was looked up as a read would."""
 
     def __len__(self) -> int:
         return 2
 
-    async def __getitem__(self, index: int) -> int:
+    async def __getitem__(self, index: int) -> tuple[int, int]:
         from asyncload import _storage
 
-        return len(getattr(_storage.backend_for("s3://any"), "_stores", ()))
+        backend: Any = _storage.backend_for("s3://asyncload-standby")
+        before = len(backend._stores)
+        backend._store("s3", "asyncload-standby", _storage.options_for("s3://asyncload-standby/k"))
+        return before, len(backend._stores)
+
+
+def init_sets_aws_region(worker_id: int) -> None:
+    """A worker_init_fn that changes what an S3 store reads from the environment."""
+    os.environ["AWS_REGION"] = f"worker-{worker_id}"

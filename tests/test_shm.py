@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import gc
 import os
+import pickle
 import signal
 import threading
 from collections.abc import Iterator
@@ -391,6 +392,26 @@ def test_a_stashed_batch_of_mixed_pieces_comes_back_whole() -> None:
                 assert got[key] == batch[key]
             assert np.array_equal(got["array"], batch["array"])
             pool.release(_shm.take_freed(pool.token))
+
+
+def test_pieces_count_bytes_whatever_the_buffers_format() -> None:
+    # Under pickle protocol 5 (Python 3.14's default) the pickler hands an array's own buffer
+    # to write(): 300 rows of float64, whose len() is 300.
+    from asyncload._queues import _Pieces
+
+    array = np.ones((300, 300))
+    out = _Pieces()
+    pickle.Pickler(out, protocol=5).dump(array)
+    assert any(part.nbytes != len(part) for part in out.parts)
+    whole = pickle.dumps(array, protocol=5)
+    assert out.nbytes == len(whole)
+    assert b"".join(out.parts) == whole
+    with worker_pool("test-stash-formats", max_blocks=4) as pool:
+        pool.begin()
+        ref = pool.stash(out.parts, out.nbytes)
+        assert ref is not None
+        assert bytes(ref.block.mm[: out.nbytes]) == whole
+        pool.end(sent=False)
 
 
 def test_a_large_pickled_batch_travels_inline_when_the_pool_is_full() -> None:

@@ -16,7 +16,7 @@ import pytest
 import asyncload
 from asyncload._workers import StandbySlot
 
-from ._datasets import StoresBuilt
+from ._datasets import StoresBuilt, init_sets_aws_region
 from ._procs import worker_processes
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
@@ -221,7 +221,15 @@ def test_standby_processes_build_the_configured_stores_before_their_pass() -> No
     asyncload.configure("s3://asyncload-standby", endpoint="http://127.0.0.1:9", region="r")
     loader = asyncload.DataLoader(StoresBuilt(), batch_size=None, num_workers=1)
     for _ in range(2):  # processes started when the loader was built, then by the first pass
-        assert [int(n) for n in loader] == [1, 1]
+        # Built before the first sample, and the one a read of the bucket uses.
+        assert [tuple(t) for t in loader] == [(1, 1), (1, 1)]
+    del loader
+    gc.collect()
+    # A worker_init_fn that changes the environment: the store is built again, after it.
+    loader = asyncload.DataLoader(
+        StoresBuilt(), batch_size=None, num_workers=1, worker_init_fn=init_sets_aws_region
+    )
+    assert [tuple(t) for t in loader] == [(0, 1), (1, 1)]
 
 
 def test_a_standby_of_another_shape_is_not_used() -> None:

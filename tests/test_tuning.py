@@ -29,10 +29,17 @@ def _has_mallinfo2() -> bool:
 
 
 def test_a_worker_collects_young_objects_once_per_many_requests_in_flight() -> None:
-    loader = asyncload.DataLoader(GcThreshold(), batch_size=None, num_workers=1, max_concurrency=64)
-    (gen0, gen1, gen2), _ = list(loader)
-    assert gen0 == 64 * _tuning._GC_PER_REQUEST
-    assert (gen1, gen2) == (10, 10)  # CPython's
+    import gc
+
+    default = gc.get_threshold()  # the interpreter's, as a new worker starts with
+    for max_concurrency in (64, 10_000):
+        loader = asyncload.DataLoader(
+            GcThreshold(), batch_size=None, num_workers=1, max_concurrency=max_concurrency
+        )
+        (gen0, gen1, gen2), _ = list(loader)
+        wanted = min(max_concurrency * _tuning._GC_PER_REQUEST, _tuning._GC_MAX)
+        assert gen0 == max(default[0], wanted)
+        assert (gen1, gen2) == default[1:]
 
 
 def test_worker_init_fn_has_the_last_word_on_the_collector() -> None:

@@ -349,13 +349,13 @@ class BlockPool:
             if block is None:
                 return None
             block.packing = True
+        if self._packing is not None:  # end() frees it, even if a copy below fails
+            self._packing.append(block)
         offset = 0
         for part in parts:
             end = offset + part.nbytes
             block.mm[offset:end] = part
             offset = end
-        if self._packing is not None:
-            self._packing.append(block)
         return block.ref
 
     def end(self, sent: bool) -> tuple[tuple[tuple[int, int, Any], ...], tuple[int, ...]]:

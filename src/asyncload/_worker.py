@@ -167,6 +167,7 @@ def worker_main(sent: Any, index_queue: Any, result_queue: Any, done_event: Any)
         _storage.import_config(cfg.storage_config, pool_size=cfg.max_concurrency)
         if cfg.worker_init_fn is not None:
             cfg.worker_init_fn(cfg.worker_id)
+        _storage.forget_stale_clients()  # what a standby built, unless the environment changed
     except Exception as exc:
         put(Failure(-1, 0, cfg.worker_id, RemoteError.capture(exc, f"{where} during start-up")))
         _finish_queue(result_queue, done_event.is_set())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import pickle
 import ssl
 import time
 from collections.abc import Iterator
@@ -166,7 +167,8 @@ async def test_a_store_built_ahead_serves_the_pass_that_installs_the_same_settin
     _storage.reset()  # a new process: nothing configured, no store
     _storage.prewarm(snapshot, 16)
     [(key, (_, store))] = backend._stores.items()
-    _storage.import_config(snapshot, pool_size=16)  # the pass's config: the same settings
+    # The pass's config: the same settings, pickled to reach the worker.
+    _storage.import_config(pickle.loads(pickle.dumps(snapshot)), pool_size=16)
     assert await asyncload.read(f"{bucket}/k") == b"warm"
     assert len(backend._stores) == 1
     assert backend._stores[key][1] is store  # no store built on the pass's loop
