@@ -1,10 +1,38 @@
-"""Which processes a test left behind: workers count, the shared forkserver and tracker don't."""
+"""Processes of tests: which ones a test left behind (workers count, the shared forkserver
+and tracker don't), and scripts of ``tests/_scripts`` run in a fresh interpreter."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
 
 import psutil
+
+import asyncload
+
+_SCRIPTS = Path(__file__).resolve().parent / "_scripts"
+_SRC = str(Path(asyncload.__file__).resolve().parent.parent)
+
+
+def run_script(name: str, *args: str, timeout: float = 90) -> dict[str, Any]:
+    """Run ``tests/_scripts/<name>`` with *args* in a fresh interpreter; the JSON object its
+    last line of output prints."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([_SRC, os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(
+        [sys.executable, str(_SCRIPTS / name), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
 
 
 def _is_helper(p: psutil.Process, me: int) -> bool:

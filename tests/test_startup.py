@@ -8,50 +8,28 @@ from __future__ import annotations
 
 import gc
 import importlib.util
-import json
 import multiprocessing
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 import asyncload
 
-SRC = str(Path(asyncload.__file__).resolve().parent.parent)
-
-SCRIPT = Path(__file__).resolve().parent / "_scripts" / "startup.py"
-
-
-def _run(tmp_path: Path, how: str) -> dict[str, object]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run(
-        [sys.executable, str(SCRIPT), how],
-        capture_output=True,
-        text=True,
-        timeout=90,
-        env=env,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    result: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
-    return result
+from ._procs import run_script
 
 
 @pytest.mark.parametrize("how", ["string", "context"])
-def test_an_explicit_forkserver_gets_the_preload(tmp_path: Path, how: str) -> None:
-    out = _run(tmp_path, how)
-    assert "asyncload._worker" in out["preload"]  # type: ignore[operator]
+def test_an_explicit_forkserver_gets_the_preload(how: str) -> None:
+    out = run_script("startup.py", how)
+    assert "asyncload._worker" in out["preload"]
 
 
 @pytest.mark.timeout(120)
-def test_building_a_loader_starts_the_forkserver_in_the_background(tmp_path: Path) -> None:
-    out = _run(tmp_path, "loader")
+def test_building_a_loader_starts_the_forkserver_in_the_background() -> None:
+    out = run_script("startup.py", "loader")
     assert out["started"] is True
-    assert "asyncload._worker" in out["preload"]  # type: ignore[operator]
+    assert "asyncload._worker" in out["preload"]
     assert out["others"] == []  # no worker: those start at iter()
-    assert "asyncload._preload" in out["preload"]  # type: ignore[operator]
+    assert "asyncload._preload" in out["preload"]
     # The server imported what every worker would import, and the main process did not.
     expected = ["uvloop"] + (["obstore"] if importlib.util.find_spec("obstore") else [])
     assert out["server_has"] == expected

@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import ctypes
-import json
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -14,10 +11,9 @@ import asyncload
 from asyncload import _tuning
 
 from ._datasets import GcThreshold, init_sets_gc_threshold
+from ._procs import run_script
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
-
-SCRIPT = Path(__file__).resolve().parent / "_scripts" / "heap_thresholds.py"
 
 
 def _has_mallinfo2() -> bool:
@@ -64,13 +60,6 @@ def test_a_pass_with_workers_lets_glibc_keep_freed_batches_in_the_heap(
     how: str, after: bool
 ) -> None:
     # A fresh interpreter: glibc's thresholds only ever rise, and this one's may have.
-    out = subprocess.run(
-        [sys.executable, str(SCRIPT), how],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    result = json.loads(out.stdout.splitlines()[-1])
+    result = run_script("heap_thresholds.py", how, timeout=60)
     assert result["before"] is True  # glibc's default: 1 MiB comes from mmap
     assert result["after"] is after
