@@ -13,21 +13,26 @@ from typing import Any
 import psutil
 
 import asyncload
+from asyncload._forkserver import server_pid
 
-_SCRIPTS = Path(__file__).resolve().parent / "_scripts"
+SCRIPTS = Path(__file__).resolve().parent / "_scripts"
 _SRC = str(Path(asyncload.__file__).resolve().parent.parent)
+
+
+def script_env() -> dict[str, str]:
+    """This environment, with the package under test importable by a script."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([_SRC, os.environ.get("PYTHONPATH", "")])}
 
 
 def run_script(name: str, *args: str, timeout: float = 90) -> dict[str, Any]:
     """Run ``tests/_scripts/<name>`` with *args* in a fresh interpreter; the JSON object its
     last line of output prints."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([_SRC, os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run(
-        [sys.executable, str(_SCRIPTS / name), *args],
+        [sys.executable, str(SCRIPTS / name), *args],
         capture_output=True,
         text=True,
         timeout=timeout,
-        env=env,
+        env=script_env(),
         check=False,
     )
     assert done.returncode == 0, done.stderr
@@ -36,10 +41,13 @@ def run_script(name: str, *args: str, timeout: float = 90) -> dict[str, Any]:
 
 
 def _is_helper(p: psutil.Process, me: int) -> bool:
-    """multiprocessing's forkserver and resource tracker live for the whole test session."""
+    """multiprocessing's forkserver and resource tracker live for the whole test session (the
+    forkserver may be forked from this process: then only its pid tells it from a worker)."""
     try:
+        if p.ppid() != me:
+            return False
         cmd = " ".join(p.cmdline())
-        return p.ppid() == me and ("forkserver" in cmd or "resource_tracker" in cmd)
+        return p.pid == server_pid() or "forkserver" in cmd or "resource_tracker" in cmd
     except psutil.Error:
         return True
 

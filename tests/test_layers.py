@@ -32,6 +32,7 @@ LAYERS: dict[str, int] = {
     "_lookahead": 1,
     "_datapipes": 1,
     "_context": 1,
+    "_forkserver": 1,  # the forkserver forked from the loader's process
     "_dataset": 1,
     "_sync": 1,  # coroutines from sync code; knows nothing of what runs on its loop
     "_plain": 1,  # asyncload datasets under torch's own DataLoader

@@ -10,8 +10,9 @@ asyncload starts workers with ``forkserver`` by default on Linux (and ``spawn`` 
   so each worker starts in milliseconds
   rather than re-importing torch as ``spawn`` would. That holds however the start method is
   named (default, ``"forkserver"``, or a context object), and ``start_early`` starts the
-  forkserver in the background as soon as a loader exists, so that one-time import overlaps
-  the user's model building instead of delaying the first batch.
+  forkserver as soon as a loader exists: forked from this process when that is safe
+  (``_forkserver``, default start method only), else afresh in the background, so that the
+  one-time import overlaps the user's model building instead of delaying the first batch.
 
 In an interactive session ``__main__`` has no file, so functions and classes defined there can't
 be found by a worker that didn't fork from it: asyncload then falls back to ``fork`` and warns
@@ -30,7 +31,7 @@ from multiprocessing.context import BaseContext
 from types import FrameType
 from typing import Any
 
-from . import _guards
+from . import _forkserver, _guards
 from ._exceptions import AsyncloadWarning, NotPicklable
 
 __all__ = [
@@ -150,20 +151,24 @@ def early_context(requested: Any) -> BaseContext | None:
     return ctx if ctx.get_start_method() == "forkserver" else None
 
 
-def start_early(ctx: BaseContext) -> bool:
-    """Start the forkserver, with torch and asyncload preloaded, in a background thread.
+def start_early(ctx: BaseContext, *, fork: bool = False) -> bool:
+    """Start the forkserver, with torch and asyncload preloaded, ahead of ``iter()``.
 
-    Called when a loader with workers is built, with its ``early_context``: the server's
-    one-time imports (1-2 s) then overlap whatever the program does before ``iter(loader)``.
-    The loader then starts its first pass's processes from it, also in the background
-    (``_workers._standby``), so the first batch waits for neither. Returns whether it started
-    the server (once per process; multiprocessing stops it at exit).
+    Called when a loader with workers is built, with its ``early_context``. With *fork* (the
+    default start method), the server is forked from this process when that is safe
+    (``_forkserver``): it serves at once. Otherwise it starts afresh in a background thread,
+    and its one-time imports (1-5 s) overlap whatever the program does before
+    ``iter(loader)``. The loader then starts its first pass's processes from it, also in the
+    background (``_workers._standby``), so the first batch waits for neither. Returns whether
+    it started the server (once per process; multiprocessing stops it at exit).
     """
     global _early
     if _early:
         return False
     _early = True
     _preload(ctx)
+    if fork and _forkserver.fork_server():
+        return True
 
     def run() -> None:
         from multiprocessing import forkserver

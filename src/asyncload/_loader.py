@@ -209,7 +209,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
             weakref.finalize(self, self._standby.close)
             early = early_context(self.multiprocessing_context)
             if early is not None:
-                start_early(early)
+                start_early(early, fork=self.multiprocessing_context is None)
                 self._standby.prepare(early, self.num_workers, max_concurrency=self.max_concurrency)
 
     def _spec(self) -> PassSpec:

@@ -37,7 +37,7 @@ def main() -> None:
         out["others"] = [
             " ".join(p.cmdline())
             for p in kids
-            if "forkserver" not in " ".join(p.cmdline())
+            if p.pid != server._forkserver_pid  # forked from here: its command line is ours
             and "resource_tracker" not in " ".join(p.cmdline())
         ]
     else:
