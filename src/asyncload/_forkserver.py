@@ -79,10 +79,12 @@ def fork_server() -> bool:
     original = util.spawnv_passfds
 
     def spawn(path: bytes, args: Sequence[Any], passfds: Sequence[int]) -> int:
-        command = str(args[-1])
-        if _SERVER_MAIN not in command:  # the resource tracker, started first: as usual
+        # [python, *flags, "-c", command, *argv]: newer Pythons pass the script's arguments on.
+        words = [str(a) for a in args]
+        at = words.index("-c") + 1 if "-c" in words else len(words)
+        if at >= len(words) or _SERVER_MAIN not in words[at]:  # the resource tracker: as usual
             return original(path, args, passfds)
-        return _fork(command, passfds)
+        return _fork(words[at], words[at + 1 :], passfds)
 
     util.spawnv_passfds = spawn  # no other Python thread runs (checked above)
     try:
@@ -94,8 +96,9 @@ def fork_server() -> bool:
     return True
 
 
-def _fork(command: str, passfds: Sequence[int]) -> int:
-    """Fork a process that runs *command* (``forkserver.main(...)``) with *passfds*; its pid."""
+def _fork(command: str, argv: list[str], passfds: Sequence[int]) -> int:
+    """Fork a process that runs *command* (``forkserver.main(...)``) as ``python -c command
+    *argv`` would, with *passfds*; its pid."""
     ends = _pipe_ids(passfds)
     for stream in (sys.stdout, sys.stderr):  # else the server could write out this process's
         if stream is not None:  # buffered output a second time
@@ -111,6 +114,7 @@ def _fork(command: str, passfds: Sequence[int]) -> int:
     status = 1
     try:
         _become_server(set(passfds), ends)
+        sys.argv = ["-c", *argv]
         exec(command, {"__name__": "__asyncload_forkserver__"})
         status = 0
     except SystemExit as stop:  # forkserver.main's way out: this process has gone
