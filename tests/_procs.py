@@ -24,15 +24,18 @@ def script_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join([_SRC, os.environ.get("PYTHONPATH", "")])}
 
 
-def run_script(name: str, *args: str, timeout: float = 90) -> dict[str, Any]:
-    """Run ``tests/_scripts/<name>`` with *args* in a fresh interpreter; the JSON object its
-    last line of output prints."""
+def run_script(
+    name: str, *args: str, timeout: float = 90, relative: bool = False
+) -> dict[str, Any]:
+    """Run ``tests/_scripts/<name>`` with *args* in a fresh interpreter (named ``./<name>``
+    from its folder when *relative*); the JSON object its last line of output prints."""
     done = subprocess.run(
-        [sys.executable, str(SCRIPTS / name), *args],
+        [sys.executable, f"./{name}" if relative else str(SCRIPTS / name), *args],
         capture_output=True,
         text=True,
         timeout=timeout,
         env=script_env(),
+        cwd=SCRIPTS if relative else None,
         check=False,
     )
     assert done.returncode == 0, done.stderr

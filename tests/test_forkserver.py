@@ -19,16 +19,21 @@ pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="Linux only, as 
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("relative", [False, True], ids=["absolute-path", "dot-slash-path"])
 def test_the_default_start_method_forks_the_server_from_the_loaders_process(
-    tmp_path: Path,
+    tmp_path: Path, relative: bool
 ) -> None:
     marker = tmp_path / "handler-ran"
-    out = run_script("forked_server.py", "default", str(marker))
+    out = run_script("forked_server.py", "default", str(marker), relative=relative)
     assert out["forked"] is True
     assert out["indices"] == list(range(32))
-    # Workers see the script as it was when the loader was built (a fresh server imports it
-    # again, without running its guarded part).
+    # Workers see the script as it was when the loader was built (the workers of a fresh
+    # server import it again, without running its guarded part); `python ./script.py` too.
     assert out["global"] == [7]
+    # The server holds no pipe of the script's: a subprocess reading its stdin saw EOF.
+    assert out["reader_saw_eof"] is True
+    # A process of the script's own, started from the server, can start another.
+    assert out["nested_exitcode"] == 0
     # A signal sent to the server kills it: the script's own handler does not run there.
     assert out["server_signal"] == signal.SIGTERM
     assert out["handler_ran"] is False
@@ -44,6 +49,16 @@ def test_a_fresh_server_when_forkserver_is_named_or_forking_is_unsafe(how: str) 
     assert out["forked"] is False
     assert out["indices"] == list(range(32))
     assert out["global"] == [0]
+    assert out["reader_saw_eof"] is True
+
+
+@pytest.mark.timeout(120)
+def test_a_fresh_server_once_torch_has_started_its_thread_pool() -> None:
+    out = run_script("forked_server.py", "native")
+    if out["native_threads_started"] == 0:
+        pytest.skip("torch started no thread for the product on this machine (one core?)")
+    assert out["forked"] is False
+    assert out["indices"] == list(range(32))
 
 
 @pytest.mark.timeout(120)

@@ -6,8 +6,9 @@ a CUDA build (measured on an H100 machine, where ``import torch`` alone took 3.3
 built 2 s before ``iter()`` then waits for the rest, once per process.
 
 When a loader is built with the default start method and forking this process is safe
-(``_guards.fork_unsafe_reason``: CUDA not initialised, obstore unused, no other thread of
-Python's), asyncload forks the server from this process instead: it already holds torch and
+(``unsafe_reason``: CUDA not initialised, obstore unused, no other Python thread, no native
+thread beyond those importing NumPy and torch started), asyncload forks the server from this
+process instead: it already holds torch and
 everything else imported, and serves within milliseconds. It is still multiprocessing's
 forkserver (its protocol, its singleton, its ``main``), so workers start from it as forkserver
 workers do: from a process that never ran CUDA, threads or an async runtime, whatever this
@@ -18,24 +19,27 @@ What differs from a server started afresh, and how it is handled:
 * it holds this process's memory as it was at the fork, copy-on-write. ``gc.freeze()`` keeps
   the collector of the server and of its workers off those objects, so their pages stay shared;
 * ``__main__`` is this process's module, not imported again: workers see the script's globals as
-  they were when the loader was built. What only the guarded part of the script defines is still
-  refused up front (``_guards``), as for a fresh server: a script that works with one works with
-  the other;
-* it inherits this process's open descriptors, as any forked child does. It closes the ends of
-  its own pipes that only this process must hold: the write end of the "alive" pipe (whose EOF
-  tells the server that this process is gone; held open, the server would outlive it) and of
-  Python 3.14's authkey pipe;
+  they were when the loader was built (its ``__file__`` normalised as multiprocessing compares
+  it, else every worker would run ``python ./train.py`` again). What only the guarded part of
+  the script defines is still refused up front (``_guards``), as for a fresh server: a script
+  that works with one works with the other;
+* it keeps this process's open files, as any forked child does, but its pipes and sockets become
+  ``/dev/null``: held there, they would keep their peers from seeing EOF (a subprocess's stdin;
+  the "alive" pipe, whose EOF tells the server this process has gone);
+* multiprocessing's state is as in a process of its own: the forkserver's lock (held by
+  ``ensure_running`` during the fork) free, ``spawnv_passfds`` its own;
 * handlers the script installed for signals (a SIGTERM handler that saves a checkpoint, say) are
   reset to the defaults, so a signal sent to the process group doesn't run them in the server.
 
-Only for the default start method: ``multiprocessing_context="forkserver"`` asks for Python's own
-server, and gets it. Linux only (``fork`` is unsafe on macOS, where ``spawn`` is the default).
+It is the process's one forkserver: later loaders, also those naming ``"forkserver"``, use it.
+A first loader naming ``"forkserver"`` gets a fresh one. Linux only (``fork`` is unsafe on
+macOS, where ``spawn`` is the default).
 
     DataLoader() ──► fork_unsafe_reason() is None? ──no──► a fresh server, in the background
                            │ yes                            (``_context.start_early``)
                            ▼
                      ensure_running(), whose spawnv_passfds forks instead of exec'ing:
-                       child: close the pipes' other ends, reset handlers, gc.freeze(),
+                       child: pipes and sockets to /dev/null, handlers reset, gc.freeze(),
                               run forkserver.main (the same code a fresh server runs)
 """
 
@@ -47,17 +51,38 @@ import os
 import signal
 import stat
 import sys
+import threading
 import traceback
 import warnings
 from collections.abc import Sequence
-from multiprocessing import forkserver, util
+from multiprocessing import forkserver, spawn, util
 from typing import Any
+
+import numpy  # noqa: F401  (its BLAS pool starts when imported: part of the baseline below)
+import torch  # noqa: F401  (likewise, whatever it starts when imported)
 
 from . import _guards
 
 __all__ = ["fork_server", "server_pid"]
 
 _SERVER_MAIN = "from multiprocessing.forkserver import main"
+_TASKS = "/proc/self/task"
+
+
+def _os_threads() -> int:
+    return len(os.listdir(_TASKS))
+
+
+def _native_threads() -> int:
+    """Threads of this process that are not Python's."""
+    return _os_threads() - threading.active_count()
+
+
+# Native threads that importing NumPy and torch started (a BLAS pool, which handles fork).
+# More at the fork means someone started threads since (torch's CPU pool after a parallel
+# operation, a gRPC or Tokio runtime, ...): whatever they hold could hang the server's
+# workers, so a fresh server is started then.
+_BASELINE = _native_threads() if os.path.isdir(_TASKS) else 0
 
 
 def server_pid() -> int | None:
@@ -66,27 +91,39 @@ def server_pid() -> int | None:
     return pid
 
 
+def unsafe_reason() -> str | None:
+    """Why the forkserver must not be forked from this process now, or ``None``."""
+    if sys.platform != "linux" or not hasattr(os, "fork") or not os.path.isdir(_TASKS):
+        return "not Linux with /proc"
+    reason = _guards.fork_unsafe_reason()
+    if reason is not None:
+        return reason
+    if threading.active_count() > 1:  # asyncload's own threads too: the server lives long
+        return "another Python thread runs"
+    if _native_threads() > _BASELINE:
+        return "native threads started since asyncload was imported"
+    return None
+
+
 def fork_server() -> bool:
     """Start the forkserver by forking this process, when that is safe and none runs yet.
 
     Returns whether it did; when not, the caller starts a fresh one (or ``iter()`` does).
     Blocks for the fork only (a few milliseconds: the page tables are copied).
     """
-    if sys.platform != "linux" or not hasattr(os, "fork") or server_pid() is not None:
-        return False
-    if _guards.fork_unsafe_reason() is not None:
+    if server_pid() is not None or unsafe_reason() is not None:
         return False
     original = util.spawnv_passfds
 
-    def spawn(path: bytes, args: Sequence[Any], passfds: Sequence[int]) -> int:
+    def fork_or_spawn(path: bytes, args: Sequence[Any], passfds: Sequence[int]) -> int:
         # [python, *flags, "-c", command, *argv]: newer Pythons pass the script's arguments on.
         words = [str(a) for a in args]
         at = words.index("-c") + 1 if "-c" in words else len(words)
         if at >= len(words) or _SERVER_MAIN not in words[at]:  # the resource tracker: as usual
             return original(path, args, passfds)
-        return _fork(words[at], words[at + 1 :], passfds)
+        return _fork(words[at], words[at + 1 :], passfds, original)
 
-    util.spawnv_passfds = spawn  # no other Python thread runs (checked above)
+    util.spawnv_passfds = fork_or_spawn  # no other Python thread runs (checked above)
     try:
         forkserver.ensure_running()
     except Exception:  # a fresh server is started instead, and reports what fails
@@ -96,24 +133,32 @@ def fork_server() -> bool:
     return True
 
 
-def _fork(command: str, argv: list[str], passfds: Sequence[int]) -> int:
+def _fork(command: str, argv: list[str], passfds: Sequence[int], spawnv: Any) -> int:
     """Fork a process that runs *command* (``forkserver.main(...)``) as ``python -c command
-    *argv`` would, with *passfds*; its pid."""
-    ends = _pipe_ids(passfds)
+    *argv`` would, with *passfds*; its pid. *spawnv* is multiprocessing's own, restored there."""
+    main_path = spawn.get_preparation_data("asyncload").get("init_main_from_path")
     for stream in (sys.stdout, sys.stderr):  # else the server could write out this process's
         if stream is not None:  # buffered output a second time
             with contextlib.suppress(Exception):
                 stream.flush()
     with warnings.catch_warnings():
-        # Python 3.12+ warns when other OS threads exist (BLAS pools, say); fork_unsafe_reason
-        # has vetted those that could hang a child, as for torch's own fork workers.
+        # Python 3.12+ warns whenever other OS threads exist: here only the BLAS pool NumPy
+        # started when imported, which handles fork (unsafe_reason), as under torch's fork.
         warnings.simplefilter("ignore", DeprecationWarning)
         pid = os.fork()
     if pid:
         return pid
     status = 1
     try:
-        _become_server(set(passfds), ends)
+        # As multiprocessing would have it in a process of its own: its lock free, its
+        # function back, and __main__ named as workers will look it up (else each of them
+        # runs the script again: `python ./train.py` leaves "./" in __file__).
+        util.spawnv_passfds = spawnv
+        forkserver._forkserver._lock = threading.Lock()  # type: ignore[attr-defined]
+        main = sys.modules.get("__main__")
+        if main is not None and main_path is not None and hasattr(main, "__file__"):
+            main.__file__ = main_path
+        _become_server(set(passfds))
         sys.argv = ["-c", *argv]
         exec(command, {"__name__": "__asyncload_forkserver__"})
         status = 0
@@ -125,27 +170,24 @@ def _fork(command: str, argv: list[str], passfds: Sequence[int]) -> int:
         os._exit(status)  # never back into the caller's frames, atexit or finalizers
 
 
-def _pipe_ids(fds: Sequence[int]) -> set[tuple[int, int]]:
-    ids = set()
-    for fd in fds:
-        st = os.fstat(fd)
-        if stat.S_ISFIFO(st.st_mode):
-            ids.add((st.st_dev, st.st_ino))
-    return ids
-
-
-def _become_server(keep: set[int], pipes: set[tuple[int, int]]) -> None:
+def _become_server(keep: set[int]) -> None:
     """In the forked child: what a freshly started server would not have, taken away."""
+    # Pipes and sockets, the other ends of the server's own pipes among them: held here, they
+    # would keep their peers from ever seeing EOF (a subprocess's stdin, the "alive" pipe).
+    # /dev/null takes each one's number, so an object that still owns it can't close or write
+    # into whatever gets that number next. Files stay open, as in any forked child.
+    devnull = os.open(os.devnull, os.O_RDWR)
     for name in os.listdir("/proc/self/fd"):
         fd = int(name)
-        if fd in keep:
+        if fd <= 2 or fd == devnull or fd in keep:
             continue
         try:
-            st = os.fstat(fd)
+            mode = os.fstat(fd).st_mode
         except OSError:  # the descriptor listdir itself used
             continue
-        if stat.S_ISFIFO(st.st_mode) and (st.st_dev, st.st_ino) in pipes:
-            os.close(fd)  # the other end of a pipe passed to the server
+        if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
+            os.dup2(devnull, fd, inheritable=False)
+    os.close(devnull)
     for sig in signal.valid_signals():
         try:
             handler = signal.getsignal(sig)

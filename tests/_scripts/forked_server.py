@@ -1,17 +1,21 @@
 """The forkserver forked from the loader's process, observed from a fresh interpreter
 (tests/test_forkserver.py).
 
-Usage: python forked_server.py default|explicit|thread|wait [MARKER]; prints a JSON line (``wait``
-prints it, then sleeps until killed).
+Usage: python forked_server.py default|explicit|thread|native|wait [MARKER]; prints a JSON line
+(``wait`` prints it, then sleeps until killed).
 """
 
 import gc
 import json
+import multiprocessing
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
+
+import torch
 
 import asyncload
 from asyncload._forkserver import server_pid
@@ -29,6 +33,23 @@ class Seen(asyncload.Dataset[tuple[int, int]]):
         return index, SET_BEFORE_THE_LOADER
 
 
+def grandchild() -> None:
+    pass
+
+
+def child() -> None:
+    # A process of the script's own, forked from the server, that starts another: it must not
+    # find the server's lock held or its start-up function replaced.
+    p = multiprocessing.get_context("forkserver").Process(target=grandchild)
+    p.start()
+    p.join(30)
+    sys.exit(p.exitcode)
+
+
+def os_threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
 def main() -> None:
     global SET_BEFORE_THE_LOADER
     how = sys.argv[1]
@@ -42,12 +63,27 @@ def main() -> None:
     stop = threading.Event()
     if how == "thread":
         threading.Thread(target=stop.wait, name="metrics").start()
+    native = os_threads()
+    if how == "native":  # torch's CPU pool starts on a large enough product
+        torch.randn(512, 512) @ torch.randn(512, 512)
+    native = os_threads() - native
+    # A subprocess reading its stdin to EOF: closing our end after the fork must still end it.
+    reader = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
+    )
     SET_BEFORE_THE_LOADER = 7
     ctx = "forkserver" if how == "explicit" else None
     loader = asyncload.DataLoader(
         Seen(), batch_size=8, num_workers=2, collate_fn=list, multiprocessing_context=ctx
     )
     stop.set()
+    assert reader.stdin is not None
+    reader.stdin.close()
+    try:
+        reader.wait(20)
+    except subprocess.TimeoutExpired:
+        reader.kill()
+        reader.wait()
     samples = [s for batch in loader for s in batch]
     pid = server_pid()
     assert pid is not None
@@ -60,12 +96,20 @@ def main() -> None:
         "indices": sorted(i for i, _ in samples),
         "global": sorted({g for _, g in samples}),
         "server": pid,
+        "native_threads_started": native,
+        "reader_saw_eof": reader.returncode == 0,
     }
     if how == "wait":
         print(json.dumps(out), flush=True)
         time.sleep(120)
         return
     if how == "default":
+        nested = multiprocessing.get_context("forkserver").Process(target=child)
+        nested.start()
+        nested.join(60)
+        out["nested_exitcode"] = nested.exitcode
+        if nested.exitcode is None:
+            nested.kill()
         del loader  # its next pass's processes go, so only the server is left to signal
         gc.collect()
         os.kill(pid, signal.SIGTERM)
