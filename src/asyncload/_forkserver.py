@@ -6,10 +6,9 @@ a CUDA build (measured on an H100 machine, where ``import torch`` alone took 3.3
 built 2 s before ``iter()`` then waits for the rest, once per process.
 
 When a loader is built with the default start method and forking this process is safe
-(``unsafe_reason``: CUDA not initialised, obstore unused, no other Python thread, no native
-thread beyond those importing NumPy and torch started), asyncload forks the server from this
-process instead: it already holds torch and
-everything else imported, and serves within milliseconds. It is still multiprocessing's
+(``unsafe_reason``: CUDA not initialised, obstore unused, no other Python thread, no thread
+started since asyncload was imported), asyncload forks the server from this process instead:
+it already holds torch and everything else imported, and serves within milliseconds. It is still multiprocessing's
 forkserver (its protocol, its singleton, its ``main``), so workers start from it as forkserver
 workers do: from a process that never ran CUDA, threads or an async runtime, whatever this
 process does after the loader is built.
@@ -23,9 +22,10 @@ What differs from a server started afresh, and how it is handled:
   it, else every worker would run ``python ./train.py`` again). What only the guarded part of
   the script defines is still refused up front (``_guards``), as for a fresh server: a script
   that works with one works with the other;
-* it keeps this process's open files, as any forked child does, but its pipes and sockets become
-  ``/dev/null``: held there, they would keep their peers from seeing EOF (a subprocess's stdin;
-  the "alive" pipe, whose EOF tells the server this process has gone);
+* it keeps this process's open files, as any forked child does, but each pipe and socket becomes
+  one whose peer is gone (EOF to reads, EPIPE to writes): held there, they would keep their
+  peers from seeing EOF (a subprocess's stdin; the "alive" pipe, whose EOF tells the server
+  this process has gone);
 * multiprocessing's state is as in a process of its own: the forkserver's lock (held by
   ``ensure_running`` during the fork) free, ``spawnv_passfds`` its own;
 * handlers the script installed for signals (a SIGTERM handler that saves a checkpoint, say) are
@@ -35,11 +35,11 @@ It is the process's one forkserver: later loaders, also those naming ``"forkserv
 A first loader naming ``"forkserver"`` gets a fresh one. Linux only (``fork`` is unsafe on
 macOS, where ``spawn`` is the default).
 
-    DataLoader() ──► fork_unsafe_reason() is None? ──no──► a fresh server, in the background
+    DataLoader() ──► unsafe_reason() is None? ──no──────► a fresh server, in the background
                            │ yes                            (``_context.start_early``)
                            ▼
                      ensure_running(), whose spawnv_passfds forks instead of exec'ing:
-                       child: pipes and sockets to /dev/null, handlers reset, gc.freeze(),
+                       child: pipes and sockets cut off, handlers reset, gc.freeze(),
                               run forkserver.main (the same code a fresh server runs)
 """
 
@@ -49,6 +49,7 @@ import contextlib
 import gc
 import os
 import signal
+import socket
 import stat
 import sys
 import threading
@@ -69,20 +70,16 @@ _SERVER_MAIN = "from multiprocessing.forkserver import main"
 _TASKS = "/proc/self/task"
 
 
-def _os_threads() -> int:
-    return len(os.listdir(_TASKS))
+def _threads() -> set[str]:
+    return set(os.listdir(_TASKS))
 
 
-def _native_threads() -> int:
-    """Threads of this process that are not Python's."""
-    return _os_threads() - threading.active_count()
-
-
-# Native threads that importing NumPy and torch started (a BLAS pool, which handles fork).
-# More at the fork means someone started threads since (torch's CPU pool after a parallel
-# operation, a gRPC or Tokio runtime, ...): whatever they hold could hang the server's
-# workers, so a fresh server is started then.
-_BASELINE = _native_threads() if os.path.isdir(_TASKS) else 0
+# The threads that importing NumPy and torch left running (a BLAS pool, which handles fork).
+# One more at the fork means someone started it since (torch's CPU pool after a large enough
+# operation or set_num_threads, a gRPC or Tokio runtime, ...): whatever it holds could hang
+# the server's workers, so a fresh server is started then. Threads started before asyncload
+# was imported can't be told from that pool.
+_AT_IMPORT = _threads() if os.path.isdir(_TASKS) else set()
 
 
 def server_pid() -> int | None:
@@ -100,8 +97,8 @@ def unsafe_reason() -> str | None:
         return reason
     if threading.active_count() > 1:  # asyncload's own threads too: the server lives long
         return "another Python thread runs"
-    if _native_threads() > _BASELINE:
-        return "native threads started since asyncload was imported"
+    if not _threads() <= _AT_IMPORT:
+        return "threads started since asyncload was imported"
     return None
 
 
@@ -141,12 +138,20 @@ def _fork(command: str, argv: list[str], passfds: Sequence[int], spawnv: Any) ->
         if stream is not None:  # buffered output a second time
             with contextlib.suppress(Exception):
                 stream.flush()
-    with warnings.catch_warnings():
-        # Python 3.12+ warns whenever other OS threads exist: here only the BLAS pool NumPy
-        # started when imported, which handles fork (unsafe_reason), as under torch's fork.
-        warnings.simplefilter("ignore", DeprecationWarning)
-        pid = os.fork()
+    # Signals wait until the child has reset the handlers: a SIGTERM or Ctrl-C in between would
+    # run the script's handler there, or raise into the loader's constructor and carry on.
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+    try:
+        with warnings.catch_warnings():
+            # Python 3.12+ warns whenever other OS threads exist: here only those importing
+            # NumPy and torch started (unsafe_reason), as under torch's fork workers.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+    except BaseException:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        raise
     if pid:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         return pid
     status = 1
     try:
@@ -159,6 +164,7 @@ def _fork(command: str, argv: list[str], passfds: Sequence[int], spawnv: Any) ->
         if main is not None and main_path is not None and hasattr(main, "__file__"):
             main.__file__ = main_path
         _become_server(set(passfds))
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         sys.argv = ["-c", *argv]
         exec(command, {"__name__": "__asyncload_forkserver__"})
         status = 0
@@ -170,24 +176,43 @@ def _fork(command: str, argv: list[str], passfds: Sequence[int], spawnv: Any) ->
         os._exit(status)  # never back into the caller's frames, atexit or finalizers
 
 
+def _inode(fd: int) -> tuple[int, int]:
+    st = os.fstat(fd)
+    return st.st_dev, st.st_ino
+
+
 def _become_server(keep: set[int]) -> None:
     """In the forked child: what a freshly started server would not have, taken away."""
     # Pipes and sockets, the other ends of the server's own pipes among them: held here, they
     # would keep their peers from ever seeing EOF (a subprocess's stdin, the "alive" pipe).
-    # /dev/null takes each one's number, so an object that still owns it can't close or write
-    # into whatever gets that number next. Files stay open, as in any forked child.
-    devnull = os.open(os.devnull, os.O_RDWR)
+    # Each becomes one whose peer is gone (reads see EOF, writes fail with EPIPE), under the
+    # same number, so an object that still owns it neither writes into whatever gets that
+    # number next nor succeeds silently. Files stay open, as in any forked child; so do
+    # stdin, stdout and stderr, unless one is the other end of a pipe passed to the server.
+    import fcntl  # here: the module is imported on Windows too, which has none
+
+    passed = {_inode(fd) for fd in keep}
     for name in os.listdir("/proc/self/fd"):
         fd = int(name)
-        if fd <= 2 or fd == devnull or fd in keep:
+        if fd in keep:
             continue
         try:
-            mode = os.fstat(fd).st_mode
+            st = os.fstat(fd)
         except OSError:  # the descriptor listdir itself used
             continue
-        if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
-            os.dup2(devnull, fd, inheritable=False)
-    os.close(devnull)
+        if fd <= 2 and (st.st_dev, st.st_ino) not in passed:
+            continue
+        if stat.S_ISFIFO(st.st_mode):
+            read_end, write_end = os.pipe()
+            writes = fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE != os.O_RDONLY
+            os.dup2(write_end if writes else read_end, fd, inheritable=False)
+            os.close(read_end)
+            os.close(write_end)
+        elif stat.S_ISSOCK(st.st_mode):
+            mine, peer = socket.socketpair()
+            os.dup2(mine.fileno(), fd, inheritable=False)
+            mine.close()
+            peer.close()
     for sig in signal.valid_signals():
         try:
             handler = signal.getsignal(sig)
