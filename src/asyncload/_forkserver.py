@@ -8,10 +8,10 @@ built 2 s before ``iter()`` then waits for the rest, once per process.
 When a loader is built with the default start method and forking this process is safe
 (``unsafe_reason``: CUDA not initialised, obstore unused, no other Python thread, no thread
 started since asyncload was imported), asyncload forks the server from this process instead:
-it already holds torch and everything else imported, and serves within milliseconds. It is still multiprocessing's
-forkserver (its protocol, its singleton, its ``main``), so workers start from it as forkserver
-workers do: from a process that never ran CUDA, threads or an async runtime, whatever this
-process does after the loader is built.
+it already holds torch and everything else imported, and serves within milliseconds. It is
+still multiprocessing's forkserver (its protocol, its singleton, its ``main``), so workers start
+from it as forkserver workers do: from a process that never ran CUDA, threads or an async
+runtime, whatever this process does after the loader is built.
 
 What differs from a server started afresh, and how it is handled:
 
