@@ -440,3 +440,24 @@ async def test_a_cancellation_caught_earlier_does_not_turn_a_hedges_answer_into_
     assert await _hedge._race(copies, tracker, policy, 1) == ("hedge", 2)
     assert task.cancelling() == 1
     task.uncancel()
+
+
+async def test_a_hedge_that_straggles_too_gets_one_more_copy() -> None:
+    # One hedge in a hundred straggles as well: with attempts to spare, a round sends a second
+    # hedge a delay after the first, and the first copy to answer wins.
+    tracker, policy = _learned()
+    copies = Copies(after(5.0, "primary"), after(5.0, "hedge"), after(0.01, "second hedge"))
+    got = await asyncio.wait_for(_hedge._race(copies, tracker, policy, 2), 2.0)
+    assert got == ("second hedge", 3)
+    await _hedge.drain()
+    assert copies.ended == ["second hedge", "cancelled", "cancelled"]
+    assert _hedge.counts() == _hedge.HedgeCounts(sent=2, won=1)
+
+
+async def test_one_attempt_to_spare_means_one_hedge_at_most() -> None:
+    tracker, policy = _learned()
+    copies = Copies(after(0.3, "primary"), after(5.0, "hedge"))  # a third copy would fail
+    assert await _hedge._race(copies, tracker, policy, 1) == ("primary", 2)
+    await _hedge.drain()
+    assert copies.ended == ["primary", "cancelled"]
+    assert _hedge.counts().sent == 1

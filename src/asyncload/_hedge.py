@@ -4,7 +4,8 @@ Object stores have long per-request tails (one request in a hundred takes ten ti
 median). Waiting for a straggler holds a whole batch, so ``read`` and ``open_stream``
 race a *hedge*: when a request has not answered within the delay (a high percentile of the
 recent latencies of its prefix, never below a floor), an identical request is sent, whichever
-finishes first is used, and the other is cancelled. Cancelling releases the loser's response,
+finishes first is used, and the other is cancelled. A hedge that straggles too gets one more
+copy a delay later (``_MAX_HEDGES``). Cancelling releases the loser's response,
 and aiohttp closes a connection whose body was not read to the end, so nothing leaks; bytes are
 counted by the caller from the winner only. A hedge goes out on connections of its own
 (``sources._base.hedging``): it is sent when its primary's pool is busiest. A request sent
@@ -16,8 +17,7 @@ request and a hedge spends one, so hedges never exceed ``budget x requests`` (pl
 bucket starts empty). A request the bucket refused asks again every delay, and the longer it is
 out the more of the bucket is open to it (``_RESERVE``), so the budget goes to real stragglers
 first. And a hedge is an attempt of the [`Retry`][asyncload.Retry] policy: a
-request with ``attempts=1`` is never hedged, and a round in which both copies failed used two
-attempts.
+request with ``attempts=1`` is never hedged, and a round uses one attempt per copy it sent.
 
 Counters (hedges sent and won, per process) are read with ``counts``.
 """
@@ -59,6 +59,8 @@ _OVERTAKEN = 4
 # straggler. The end of an epoch earns no more tokens (no more requests), and its last
 # stragglers need some.
 _RESERVE = 3
+# Hedges one round may send: a second one when the first straggles too (see _race).
+_MAX_HEDGES = 2
 # Tokens a quiet prefix may save up, so a burst of stragglers after a calm period is bounded.
 _MAX_TOKENS = 10.0
 _MAX_PREFIXES = 1024
@@ -234,7 +236,7 @@ async def _straggles(
 async def _race(
     start: Callable[[], Awaitable[T]], tracker: _Prefix, policy: Hedge, spare: int
 ) -> tuple[T, int]:
-    """One round: the request, and a hedge if it straggles. Returns (result, requests sent).
+    """One round: the request, and hedges if it straggles. Returns (result, requests sent).
 
     Raises the round's ``AttemptFailed`` with ``requests`` set to the requests it used.
     """
@@ -281,20 +283,38 @@ async def _race(
         return result, 1
     _sent += 1
     note_count("hedges_sent")
-    hedge: asyncio.Future[T] = _send(start)
-    pending: set[asyncio.Future[T]] = {primary, hedge}
+    copies: list[asyncio.Future[T]] = [primary, _send(start)]
+    pending: set[asyncio.Future[T]] = set(copies)
     failure: AttemptFailed | None = None
+    # A hedge straggles too, one time in a hundred: with ~40 stragglers a run, one of them in
+    # three. Both copies then hold their batch until the primary answers (0.5-2 s). So a round
+    # may send one more copy, a delay after the last, when the attempts and the bucket allow.
+    most = 1 + min(spare, _MAX_HEDGES)
+    last = loop.time()
     try:
         while pending:
-            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            # Both may be done in one wake-up: prefer a success, and the primary on a tie.
-            for fut in sorted(done, key=lambda f: f is hedge):
+            timeout = None
+            if len(copies) < most:
+                timeout = max(last + max(tracker.delay, _LEARNING_POLL) - loop.time(), 0)
+            done, pending = await asyncio.wait(
+                pending, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+            )
+            if not done:  # every copy out still straggles: another one, if a token is left
+                last = loop.time()
+                if tracker.spend():
+                    _sent += 1
+                    note_count("hedges_sent")
+                    copies.append(_send(start))
+                    pending.add(copies[-1])
+                continue
+            # Several may be done in one wake-up: prefer a success, and the earlier copy.
+            for fut in sorted(done, key=copies.index):
                 exc = fut.exception()
                 if exc is None:
-                    if fut is hedge:
+                    if fut is not primary:
                         _won += 1
                         note_count("hedges_won")
-                    return fut.result(), 2
+                    return fut.result(), len(copies)
                 if not isinstance(exc, AttemptFailed):
                     raise exc
                 failure = exc
@@ -304,10 +324,10 @@ async def _race(
     finally:
         # The primary's latency is at least this long: a lower bound keeps the percentile honest.
         tracker.observe(loop.time() - began, policy)
-        for fut in (primary, hedge):
+        for fut in copies:
             _cancel(fut)
     assert failure is not None
-    failure.requests = 2
+    failure.requests = len(copies)
     raise failure
 
 
