@@ -293,9 +293,11 @@ async def _race(
     last = loop.time()
     try:
         while pending:
-            timeout = None
-            if len(copies) < most:
-                timeout = max(last + max(tracker.delay, _LEARNING_POLL) - loop.time(), 0)
+            timeout, delay = None, tracker.delay
+            # A hedge goes out once the delay is known (_straggles), and it stays known; uvloop
+            # would refuse an infinite timeout all the same.
+            if len(copies) < most and delay != float("inf"):
+                timeout = max(last + max(delay, _LEARNING_POLL) - loop.time(), 0)
             done, pending = await asyncio.wait(
                 pending, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
             )
