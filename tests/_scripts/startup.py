@@ -3,6 +3,7 @@
 Usage: python startup.py loader|string|context; prints a JSON line.
 """
 
+import gc
 import json
 import multiprocessing
 import sys
@@ -33,13 +34,17 @@ def main() -> None:
         out["server_has"] = [m for m in ("uvloop", "obstore") if f"/{m}/" in mapped]
         out["main_has_obstore"] = "obstore" in sys.modules  # kept out of it: see _guards
         del loader
-        kids = psutil.Process().children(recursive=True)
-        out["others"] = [
-            " ".join(p.cmdline())
-            for p in kids
-            if p.pid != server._forkserver_pid  # forked from here: its command line is ours
-            and "resource_tracker" not in " ".join(p.cmdline())
+        gc.collect()
+        # What is left besides the server (forked from here, so its command line is ours, as
+        # its workers' are) and the tracker: the dropped loader stops its next pass's standby
+        # processes in the background, so they may take a moment to go.
+        others = [
+            p
+            for p in psutil.Process().children(recursive=True)
+            if p.pid != server._forkserver_pid and "resource_tracker" not in " ".join(p.cmdline())
         ]
+        _, alive = psutil.wait_procs(others, timeout=15)
+        out["others"] = [" ".join(p.cmdline()) for p in alive]
     else:
         requested = "forkserver" if how == "string" else multiprocessing.get_context("forkserver")
         resolve_context(requested)
