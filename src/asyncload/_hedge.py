@@ -167,7 +167,10 @@ def applies(url: str, options: StorageOptions) -> bool:
 
 
 def _send(start: Callable[[], Awaitable[T]]) -> asyncio.Future[T]:
-    """The hedge, in a task of its own that the backend knows for one (``hedging``)."""
+    """The hedge, in a task of its own that the backend knows for one (``hedging``); counted."""
+    global _sent
+    _sent += 1
+    note_count("hedges_sent")
     token = hedging.set(True)  # the task copies this context
     try:
         return asyncio.ensure_future(start())
@@ -240,7 +243,7 @@ async def _race(
 
     Raises the round's ``AttemptFailed`` with ``requests`` set to the requests it used.
     """
-    global _sent, _won
+    global _won
     loop = asyncio.get_running_loop()
     began = loop.time()
     delay = tracker.delay
@@ -281,8 +284,6 @@ async def _race(
         finally:
             tracker.observe(loop.time() - began, policy)
         return result, 1
-    _sent += 1
-    note_count("hedges_sent")
     copies: list[asyncio.Future[T]] = [primary, _send(start)]
     pending: set[asyncio.Future[T]] = set(copies)
     failure: AttemptFailed | None = None
@@ -304,8 +305,6 @@ async def _race(
             if not done:  # every copy out still straggles: another one, if a token is left
                 last = loop.time()
                 if tracker.spend():
-                    _sent += 1
-                    note_count("hedges_sent")
                     copies.append(_send(start))
                     pending.add(copies[-1])
                 continue
