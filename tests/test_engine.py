@@ -18,6 +18,7 @@ import pytest
 import asyncload
 from asyncload import _metrics
 from asyncload._engine import Engine, WorkerConfig
+from asyncload._engine import _map as _engine_map
 from asyncload._protocol import (
     Exhausted,
     Failure,
@@ -83,13 +84,18 @@ def _config(dataset: Any, *, iterable: bool = False, max_concurrency: int = 4) -
     )
 
 
-async def _run(cfg: WorkerConfig, messages: list[object], settle: float = 0.0) -> list[Any]:
-    """Feed *messages* to a new engine, then Shutdown once every task has its reply."""
+async def _run(
+    cfg: WorkerConfig, messages: list[object], settle: float = 0.0, replies: int | None = None
+) -> list[Any]:
+    """Feed *messages* to a new engine, then Shutdown once every task (or *replies* of them)
+    has its reply."""
     out: list[Any] = []
     engine = Engine(cfg, out.append, "in a test engine")
     inbox: asyncio.Queue[object] = asyncio.Queue()
     runner = asyncio.ensure_future(engine.run(inbox))
-    tasks = sum(isinstance(m, IndexTask | IterTask) for m in messages)
+    tasks = (
+        sum(isinstance(m, IndexTask | IterTask) for m in messages) if replies is None else replies
+    )
     for m in messages:
         inbox.put_nowait(m)
         await asyncio.sleep(settle)
@@ -298,3 +304,80 @@ def test_a_shutdown_cancels_every_future_it_did_not_await() -> None:
     cancelled = asyncio.run(main())
     assert len(cancelled) >= 3
     assert all(cancelled)
+
+
+class Gated(asyncload.Dataset[int]):
+    """The first batch's samples (0-2) wait for ``gate``, or sleep ``head_s``; every sample
+    notes when it started (loop time)."""
+
+    def __init__(self, n: int, head_s: float | None = None) -> None:
+        self.n, self.head_s = n, head_s
+        self.gate = asyncio.Event()
+        self.started: dict[int, float] = {}
+
+    def __len__(self) -> int:
+        return self.n
+
+    async def __getitem__(self, index: int) -> int:
+        self.started[index] = asyncio.get_running_loop().time()
+        if index < 3:
+            if self.head_s is None:
+                await self.gate.wait()
+            else:
+                await asyncio.sleep(self.head_s)
+        return index
+
+
+def _pass_of(ds: Gated, batches: int) -> list[IndexTask]:
+    return [IndexTask(k, 0, np.arange(3 * k, 3 * k + 3)) for k in range(batches)]
+
+
+def test_a_pass_first_batch_has_the_worker_to_itself_for_head_start_at_most(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The rest of the pass waits HEAD_START behind a head batch that does not finish, then goes
+    # (a straggling head must not idle the other slots for long).
+    monkeypatch.setattr(_engine_map, "HEAD_START", 0.2)
+    ds = Gated(9)
+
+    async def main() -> list[Any]:
+        asyncio.get_running_loop().call_later(0.6, ds.gate.set)
+        return await _run(_config(ds, max_concurrency=9), list(_pass_of(ds, 3)))
+
+    out = asyncio.run(main())
+    assert {r.send_idx: r.data for r in out} == {k: [3 * k, 3 * k + 1, 3 * k + 2] for k in range(3)}
+    head = max(ds.started[i] for i in range(3))
+    rest = [ds.started[i] - head for i in range(3, 9)]
+    assert min(rest) >= 0.2  # after the hold...
+    assert max(rest) < 0.6  # ...but not after the head batch
+    assert [r.send_idx for r in out][-1] == 0  # the later batches were done first
+
+
+def test_the_hold_ends_as_soon_as_the_head_batch_is_done(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_engine_map, "HEAD_START", 30.0)
+    ds = Gated(9, head_s=0.05)
+    out = asyncio.run(_run(_config(ds, max_concurrency=9), list(_pass_of(ds, 3))))
+    assert sorted(r.send_idx for r in out) == [0, 1, 2]
+    head = min(ds.started[i] for i in range(3))
+    assert 0.05 <= min(ds.started[i] for i in range(3, 9)) - head < 5
+
+
+def test_every_pass_starts_with_its_head_batch_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Persistent workers: a new pass of the same engine holds its first batch again.
+    monkeypatch.setattr(_engine_map, "HEAD_START", 0.2)
+    ds = Gated(9, head_s=1.0)
+    tasks = [*_pass_of(ds, 1), StartPass(1, epoch=None, shared_seed=None)]
+    tasks += [IndexTask(k, 1, np.arange(3 * k, 3 * k + 3)) for k in range(3)]
+
+    async def main() -> list[Any]:
+        # The first pass's task is dropped by StartPass, unanswered.
+        return await _run(_config(ds, max_concurrency=9), tasks, settle=0.05, replies=3)
+
+    out = asyncio.run(main())
+    assert sorted(r.send_idx for r in out if isinstance(r, Result) and r.generation == 1) == [
+        0,
+        1,
+        2,
+    ]
+    head = max(ds.started[i] for i in range(3))
+    assert min(ds.started[i] for i in range(3, 9)) - head >= 0.2

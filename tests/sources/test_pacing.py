@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 
 import pytest
@@ -57,19 +58,31 @@ async def test_a_new_host_gets_a_small_burst_then_is_learned(http_server: Object
 
 @pytest.mark.asyncio
 @pytest.mark.timeout(30)
-async def test_a_trusted_host_gets_a_batch_worth_of_connections_at_once(
-    http_server: ObjectServer,
+@pytest.mark.parametrize(("proven", "expected"), [(40, 40), (500, _pacing.TRUSTED_BURST)])
+async def test_a_trusted_host_gets_what_it_proved_at_once(
+    http_server: ObjectServer, proven: int, expected: int
 ) -> None:
-    urls = [http_server.put(f"{i}.bin", bytes([i]) * 100) for i in range(N)]
+    # More reads than any host may get at once, and a pool with room for all of them.
+    n = _pacing.TRUSTED_BURST + 16
+    urls = [http_server.put(f"{i}.bin", bytes([i % 256]) * 100) for i in range(n)]
     http_server.latency = LATENCY
-    _storage.set_pool_size(64)
-    # What a worker receives from the main process (see test_a_pass_teaches_the_next_one).
-    _storage.import_config(
-        _storage.StorageConfig(prefixes=(), pool_size=64, connections=((_key(http_server), 500),))
-    )
-    # Capped at TRUSTED_BURST however much the host proved.
-    assert _pacing.TRUSTED_BURST == N
-    assert await _peak_within(http_server, urls, LATENCY * 0.8) == N
+    _storage.configure(http_server.url, hedge=None)  # a hedge would be one more request
+    _storage.set_pool_size(2 * n)
+    # What a worker receives from the main process (see test_a_pass_teaches_the_next_one):
+    # as many connections at once as the host held before, up to TRUSTED_BURST.
+    hints = ((_key(http_server), proven),)
+    _storage.import_config(dataclasses.replace(_storage.export_config(), connections=hints))
+    reads = asyncio.gather(*(asyncload.read(u) for u in urls))
+    peak = 0
+    deadline = time.monotonic() + LATENCY * 0.8
+    while time.monotonic() < deadline:
+        peak = max(peak, http_server.active)
+        await asyncio.sleep(0.005)
+    try:
+        assert await reads == [bytes([i % 256]) * 100 for i in range(n)]
+    finally:
+        await _storage.aclose()
+    assert peak == expected
 
 
 @pytest.mark.timeout(10)

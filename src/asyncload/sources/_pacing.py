@@ -39,9 +39,12 @@ BURST = 4
 # Seconds after which a connection with no response gives its slot back anyway (a stalled
 # server must not hold up new connections for good); the first SYN retry comes at 1 s.
 GRACE = 1.0
-# New connections in flight at once for a host an earlier pass proved (see module doc): one
-# batch's worth of requests goes out at once, well under a server's usual backlog (128+).
-TRUSTED_BURST = 32
+# New connections in flight at once, at most, for a host an earlier pass proved (see module
+# doc). A pass's whole window goes out at its start: its first batch alone, the rest 10 ms later
+# (``_engine._map.HEAD_START``). Held to 32, the rest left only as the first responses came in,
+# and their sending took the CPU that reading the head batch needed. 128 is the default pool;
+# the slow start that proved n had new connections for about 2n/3 in flight at once already.
+TRUSTED_BURST = 128
 # The stats counter a worker's proven connections per host ride in: "connections:host:port".
 COUNTER = "connections:"
 _MAX_HOSTS = 1024
