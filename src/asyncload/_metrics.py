@@ -136,3 +136,8 @@ def note_error(kind: str) -> None:
 def note_count(name: str, n: int = 1) -> None:
     """Count *n* events called *name* (``"hedges_sent"``, ``"cache_hits"``, ``"mix:0"``, ...)."""
     _current.get().counts[name] += n
+
+
+def note_level(name: str, n: int) -> None:
+    """Set the counter *name* to *n*: a figure the stats carry as it is now, not a count."""
+    _current.get().counts[name] = n

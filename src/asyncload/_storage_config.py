@@ -43,6 +43,9 @@ class StorageConfig:
     """Connection-pool size for lazily created clients."""
     connections: tuple[tuple[str, int], ...] = ()
     """Connections per ``host:port`` that hosts proved to take (``sources._pacing``)."""
+    burst_caps: tuple[tuple[str, int], ...] = ()
+    """New connections in flight per ``host:port``, at most, for hosts whose accept queue
+    overflowed (``sources._pacing``)."""
 
 
 # Longest prefix first, so the first match is the most specific one.
@@ -179,6 +182,7 @@ def export_config() -> StorageConfig:
         prefixes=tuple(_prefixes),
         pool_size=_base.pool_size(),
         connections=tuple(_pacing.learned().items()),
+        burst_caps=tuple(_pacing.caps().items()),
     )
 
 
@@ -192,7 +196,7 @@ def import_config(snapshot: object, *, pool_size: int | None = None) -> None:
     if not isinstance(snapshot, StorageConfig):
         raise TypeError(f"expected a StorageConfig from export_config(), got {type(snapshot)!r}")
     pool = snapshot.pool_size if pool_size is None else pool_size
-    _pacing.trust(snapshot.connections)
+    _pacing.trust(snapshot.connections, snapshot.burst_caps)
     if snapshot.prefixes == tuple(_prefixes) and pool == _base.pool_size():
         return
     _base.set_pool_size(pool)

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import socket
+import threading
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -136,3 +140,132 @@ async def test_waiting_requests_take_returned_connections_first_come_first_serve
     first_rounds = http_server.raw_paths[: _pacing.BURST * 5]
     assert sorted(first_rounds) == sorted(f"/{i}.bin" for i in range(20)), first_rounds
     assert sorted(http_server.raw_paths) == sorted([*(f"/{i}.bin" for i in range(40)), "/late.bin"])
+
+
+class SlowAcceptServer:
+    """A keep-alive HTTP server whose accept queue overflows: a listen backlog of 1 (two
+    connections wait at most), and one ``accept()`` every 50 ms. ``GET /{i}`` answers 100
+    bytes of ``i % 256`` at once. Threads, all daemonic; ``close()`` stops accepting."""
+
+    EVERY = 0.05
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(1)
+        self.key = f"127.0.0.1:{self.sock.getsockname()[1]}"
+        self.url = f"http://{self.key}"
+        self._closed = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self._closed.wait(self.EVERY):
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:  # closed
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        conn.settimeout(10)  # bounded: an idle connection ends by itself
+        buf = b""
+        with conn:
+            try:
+                while True:
+                    while b"\r\n\r\n" not in buf:
+                        data = conn.recv(65536)
+                        if not data:
+                            return
+                        buf += data
+                    head, buf = buf.split(b"\r\n\r\n", 1)
+                    i = int(head.split(b" ")[1].strip(b"/"))
+                    body = bytes([i % 256]) * 100
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n" + body)
+            except OSError:
+                return
+
+    def close(self) -> None:
+        self._closed.set()
+        self.sock.close()
+
+
+def _listen_overflows() -> int | None:
+    """Linux's count of SYNs dropped because an accept queue was full (this namespace)."""
+    try:
+        lines = Path("/proc/net/netstat").read_text().splitlines()
+    except OSError:
+        return None
+    for names, values in zip(lines[::2], lines[1::2], strict=False):
+        if names.startswith("TcpExt:"):
+            return dict(zip(names.split()[1:], map(int, values.split()[1:]), strict=True)).get(
+                "ListenOverflows"
+            )
+    return None
+
+
+@pytest.fixture
+def slow_accept() -> Iterator[SlowAcceptServer]:
+    server = SlowAcceptServer()
+    yield server
+    server.close()
+
+
+async def _timed_reads(urls: list[str]) -> float:
+    t0 = time.monotonic()
+    try:
+        got = await asyncio.gather(*(asyncload.read(u) for u in urls))
+    finally:
+        await _storage.aclose()
+    assert got == [bytes([int(u.rsplit("/", 1)[1]) % 256]) * 100 for u in urls]
+    return time.monotonic() - t0
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(60)
+async def test_an_overflowed_accept_queue_caps_the_host_from_then_on(
+    slow_accept: SlowAcceptServer,
+) -> None:
+    _storage.configure(slow_accept.url, hedge=None, connect_timeout=30)
+    _storage.set_pool_size(16)
+    before = _listen_overflows()
+    # A new host's burst (4) does not fit a queue of two: the kernel drops SYNs, which it
+    # retries after 1 s. That connect's time is the evidence; the host is capped.
+    assert await _timed_reads([f"{slow_accept.url}/{i}" for i in range(16)]) >= _pacing.SYN_RETRY
+    if before is not None:
+        assert (_listen_overflows() or 0) > before  # the drops were real
+    cap = _pacing.caps()[slow_accept.key]
+    assert 1 <= cap <= 2  # half of the 3 or 4 under way when a dropped SYN left
+    assert (slow_accept.key, cap) in _storage.export_config().burst_caps
+
+    # The next pass's workers trust what the host proved (16 at once), within its cap.
+    config = _storage.export_config()
+    _pacing.forget()
+    _storage.import_config(dataclasses.replace(config, connections=((slow_accept.key, 16),)))
+    before = _listen_overflows()
+    assert await _timed_reads([f"{slow_accept.url}/{i}" for i in range(16, 48)]) < 0.9
+    if before is not None:
+        assert _listen_overflows() == before
+
+
+@pytest.mark.timeout(10)
+def test_a_host_keeps_its_lowest_cap() -> None:
+    _pacing.learn((("burst:example.com:443", 8), ("connections:example.com:443", 40)))
+    _pacing.learn((("burst:example.com:443", 2),))
+    _pacing.learn((("burst:example.com:443", 5), ("burst:other:80", 0)))
+    assert _pacing.caps() == {"example.com:443": 2}
+    assert _pacing.learned() == {"example.com:443": 40}
+    _pacing.forget()
+    assert _pacing.caps() == {}
+
+
+@pytest.mark.timeout(90)
+def test_a_pass_that_overflowed_caps_the_next_one(slow_accept: SlowAcceptServer) -> None:
+    # The cap a worker set rides to the main process in its stats, for the next pass.
+    _storage.configure(slow_accept.url, hedge=None, connect_timeout=30)
+    urls = [f"{slow_accept.url}/{i}" for i in range(64)]
+    loader = asyncload.DataLoader(
+        asyncload.RemoteFiles(urls), batch_size=16, num_workers=2, collate_fn=list
+    )
+    assert [x for batch in loader for x in batch] == [bytes([i]) * 100 for i in range(64)]
+    assert 1 <= _pacing.caps()[slow_accept.key] <= 2
+    assert (slow_accept.key, _pacing.caps()[slow_accept.key]) in _storage.export_config().burst_caps

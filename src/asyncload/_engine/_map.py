@@ -23,8 +23,8 @@ __all__ = ["HEAD_START", "MapFetching"]
 # every later batch come back together, and the batch the training loop waits for is read
 # interleaved with up to max_concurrency others (0.10-0.11 s to a later epoch's first batch at
 # 50 ms). Sent alone for about what a worker takes to connect for and send one batch (7-10 ms
-# for 32 requests here), its responses land first; the rest of the pass starts 10 ms later,
-# once per pass.
+# for 32 requests here), its responses land first; the rest of the pass starts at most 10 ms
+# later, once per pass. (An iterable dataset's samples come one by one from its generator.)
 HEAD_START = 0.01
 
 

@@ -19,19 +19,37 @@ the main process in its stats as ``connections:<host>:<port>``), the main proces
 workers learned to the next pass's workers (``trust``, through the storage configuration), and
 a host that has proven it takes *n* connections starts with ``min(n, TRUSTED_BURST)`` of them in
 flight instead of ``burst``.
+
+A listen backlog can be smaller than what a host proved it holds, and a server busy serving may
+leave its accept queue full: then a SYN is dropped, and its connect completes only when the
+kernel retries it, after 1 s. A connect that took that long (``SYN_RETRY``) is that evidence, so
+the host's new connections in flight are capped from then on at half as many as were under way
+when it started (``caps``), in this pass and, like what a host proved, in the next ones: the
+counter ``burst:<host>:<port>`` carries the cap to the main process (``caps``), and ``trust`` to
+the next workers. The first overflow costs its requests that second; later ones are avoided.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
 
-from .._metrics import note_count
+from .._metrics import note_count, note_level
 
-__all__ = ["TRUSTED_BURST", "PacedConnector", "forget", "learn", "learned", "trust"]
+__all__ = [
+    "SYN_RETRY",
+    "TRUSTED_BURST",
+    "PacedConnector",
+    "caps",
+    "forget",
+    "learn",
+    "learned",
+    "trust",
+]
 
 # New connections per host that may await their first response at once: fewer than the
 # smallest common listen backlog (5, socketserver's and http.server's default).
@@ -40,17 +58,26 @@ BURST = 4
 # server must not hold up new connections for good); the first SYN retry comes at 1 s.
 GRACE = 1.0
 # New connections in flight at once, at most, for a host an earlier pass proved (see module
-# doc). A pass's whole window goes out at its start: its first batch alone, the rest 10 ms later
-# (``_engine._map.HEAD_START``). Held to 32, the rest left only as the first responses came in,
-# and their sending took the CPU that reading the head batch needed. 128 is the default pool;
-# the slow start that proved n had new connections for about 2n/3 in flight at once already.
+# doc). A pass's whole window goes out at its start: its first batch alone, the rest at most 10 ms
+# later (``_engine._map.HEAD_START``). Held to 32, the rest left only as the first responses came
+# in, and sending them took the CPU that reading the head batch needed. 128 is the default
+# max_concurrency (a worker's pool); the slow start that proved n had about 2n/3 new connections
+# in flight at once already, and a host whose accept queue overflows is capped (``SYN_RETRY``).
 TRUSTED_BURST = 128
-# The stats counter a worker's proven connections per host ride in: "connections:host:port".
+# Seconds a connect takes when its first SYN was dropped: the kernel retries after 1 s (then 3 s).
+# No healthy connect takes this long; one that does overflowed the server's accept queue (or
+# lost its SYN to congestion, which calls for the same care).
+SYN_RETRY = 0.9
+# The stats counters that a worker's proven connections and caps per host ride in:
+# "connections:host:port" and "burst:host:port".
 COUNTER = "connections:"
+CAP_COUNTER = "burst:"
 _MAX_HOSTS = 1024
 
 # host:port -> the most kept-alive connections it held at once for one process.
 _learned: dict[str, int] = {}
+# host:port -> the most new connections it may have in flight at once, after an overflow.
+_caps: dict[str, int] = {}
 
 
 def learned() -> dict[str, int]:
@@ -58,29 +85,49 @@ def learned() -> dict[str, int]:
     return dict(_learned)
 
 
-def trust(hints: dict[str, int] | tuple[tuple[str, int], ...]) -> None:
-    """Start new connectors' hosts from *hints* (``learned()`` of another process)."""
+def caps() -> dict[str, int]:
+    """New connections in flight per ``host:port``, at most, for hosts whose accept queue
+    overflowed (this process's knowledge)."""
+    return dict(_caps)
+
+
+def trust(
+    hints: dict[str, int] | tuple[tuple[str, int], ...],
+    limits: dict[str, int] | tuple[tuple[str, int], ...] = (),
+) -> None:
+    """Start new connectors' hosts from *hints* (``learned()`` of another process) and *limits*
+    (its ``caps()``)."""
     for key, n in dict(hints).items():
-        _remember(key, n)
+        _remember(_learned, key, n, max)
+    for key, n in dict(limits).items():
+        _remember(_caps, key, n, min)
 
 
 def learn(counts: tuple[tuple[str, int], ...]) -> None:
-    """Take a worker's proven connections from its stats counters (``RecorderSnapshot.counts``)."""
+    """Take a worker's proven connections and caps from its stats counters
+    (``RecorderSnapshot.counts``)."""
     for name, n in counts:
         if name.startswith(COUNTER):
-            _remember(name[len(COUNTER) :], n)
+            _remember(_learned, name[len(COUNTER) :], n, max)
+        elif name.startswith(CAP_COUNTER):
+            _remember(_caps, name[len(CAP_COUNTER) :], n, min)
 
 
 def forget() -> None:
-    """Forget every host's proven connections (tests)."""
+    """Forget every host's proven connections and caps (tests)."""
     _learned.clear()
+    _caps.clear()
 
 
-def _remember(key: str, n: int) -> None:
-    if n > _learned.get(key, 0):
-        if len(_learned) >= _MAX_HOSTS and key not in _learned:
-            _learned.clear()
-        _learned[key] = n
+def _remember(known: dict[str, int], key: str, n: int, keep: Callable[[int, int], int]) -> None:
+    """Keep *n* for *key* if *keep* (max, min) prefers it to what *known* has."""
+    if n <= 0:
+        return
+    old = known.get(key)
+    if old is None or keep(n, old) != old:
+        if len(known) >= _MAX_HOSTS and old is None:
+            known.clear()
+        known[key] = n
 
 
 class _Host:
@@ -101,7 +148,9 @@ class _Host:
         # new connections in flight, so a healthy pool triples per round trip; a server that
         # closes after each response (HTTP/1.0, http.server) stays at `burst`.
         self.proven = {p for p in self.proven if p.is_connected() and not p.should_close}
-        return max(burst + 2 * len(self.proven), self.trusted)
+        limit = max(burst + 2 * len(self.proven), self.trusted)
+        cap = _caps.get(self.key)  # the process's: a hedge session's overflow counts too
+        return limit if cap is None else min(limit, cap)
 
     def room(self, burst: int) -> int:
         """New connections that may be opened now."""
@@ -113,7 +162,15 @@ class _Host:
             # Counted into the running engine's stats, so the main process learns it too.
             note_count(COUNTER + self.key, len(self.proven) - self.most)
             self.most = len(self.proven)
-            _remember(self.key, self.most)
+            _remember(_learned, self.key, self.most, max)
+
+    def overflowed(self, under_way: int) -> None:
+        """A connect waited for a SYN retry while *under_way* new connections were (itself
+        included; see module doc): cap the new connections in flight at half that."""
+        cap = max(1, under_way // 2)
+        if cap < _caps.get(self.key, cap + 1):
+            note_level(CAP_COUNTER + self.key, cap)  # the running engine's stats carry it over
+            _remember(_caps, self.key, cap, min)
 
     def wake(self, n: int) -> None:
         """Let the first *n* waiters go, in the order they came."""
@@ -190,6 +247,9 @@ class PacedConnector(aiohttp.TCPConnector):
         while host.room(self._pace_burst) <= 0:
             await self._pace_wait(key, host, first=True)
         host.pending += 1
+        under_way = host.pending + len(host.unproven)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
         try:
             proto = await super()._create_connection(req, traces, timeout)
         except BaseException:
@@ -197,9 +257,9 @@ class PacedConnector(aiohttp.TCPConnector):
             self._pace_wake(key, host)
             raise
         host.pending -= 1
-        host.unproven[proto] = asyncio.get_running_loop().call_later(
-            self._pace_grace, self._pace_release, proto, False
-        )
+        if loop.time() - started >= SYN_RETRY:
+            host.overflowed(under_way)
+        host.unproven[proto] = loop.call_later(self._pace_grace, self._pace_release, proto, False)
         self._pace_host_of[proto] = (host, key)
         return proto
 
