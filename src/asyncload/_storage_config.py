@@ -186,9 +186,12 @@ def export_config() -> StorageConfig:
     )
 
 
-def import_config(snapshot: object, *, pool_size: int | None = None) -> None:
+def import_config(
+    snapshot: object, *, pool_size: int | None = None, sharers: int | None = None
+) -> None:
     """Install a snapshot from ``export_config`` (in a worker process), replacing any, with
-    *pool_size* connections per host (default: the snapshot's).
+    *pool_size* connections per host (default: the snapshot's), in one of *sharers* processes
+    that read the same hosts (a loader's workers; they share the first burst of connections).
 
     Installing the prefixes and pool size this process has already keeps its clients: those
     a standby worker built for them (``prewarm``) serve the pass.
@@ -197,6 +200,8 @@ def import_config(snapshot: object, *, pool_size: int | None = None) -> None:
         raise TypeError(f"expected a StorageConfig from export_config(), got {type(snapshot)!r}")
     pool = snapshot.pool_size if pool_size is None else pool_size
     _pacing.trust(snapshot.connections, snapshot.burst_caps)
+    if sharers is not None:
+        _pacing.share(sharers)
     if snapshot.prefixes == tuple(_prefixes) and pool == _base.pool_size():
         return
     _base.set_pool_size(pool)

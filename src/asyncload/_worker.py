@@ -164,7 +164,9 @@ def worker_main(sent: Any, index_queue: Any, result_queue: Any, done_event: Any)
     if cfg.shm_token:
         _shm.install_pool(cfg.shm_token, max_blocks=cfg.shm_blocks, min_bytes=INLINE_MAX)
     try:
-        _storage.import_config(cfg.storage_config, pool_size=cfg.max_concurrency)
+        _storage.import_config(
+            cfg.storage_config, pool_size=cfg.max_concurrency, sharers=cfg.num_workers
+        )
         if cfg.worker_init_fn is not None:
             cfg.worker_init_fn(cfg.worker_id)
         _storage.forget_stale_clients()  # what a standby built, unless the environment changed

@@ -51,7 +51,9 @@ async def test_a_new_host_gets_a_small_burst_then_is_learned(http_server: Object
     http_server.latency = LATENCY
     _storage.set_pool_size(64)
     assert _key(http_server) not in _pacing.learned()
-    # Within the first round trip only the burst may be waiting for its first response.
+    # Within the first round trip only the burst may be waiting for its first response: all of
+    # it in a process that shares it with no other.
+    assert _pacing.first_burst() == _pacing.BURST
     assert await _peak_within(http_server, urls, LATENCY * 0.8) == _pacing.BURST
     # Later rounds proved more kept-alive connections, which the process now remembers and
     # hands to workers it starts (the storage configuration they receive).
@@ -125,9 +127,11 @@ async def test_waiting_requests_take_returned_connections_first_come_first_serve
     http_server.latency = LATENCY
     _storage.configure(http_server.url, hedge=None)  # a hedge would be one more request
     _storage.set_pool_size(64)
+    _pacing.share(2)  # one of 2 workers: a burst of 4, so that 40 reads take several rounds
+    assert _pacing.first_burst() == 4
     reads = asyncio.gather(*(asyncload.read(u) for u in urls))
     deadline = time.monotonic() + 10
-    while sum(http_server.hits.values()) <= _pacing.BURST:  # the second round has begun
+    while sum(http_server.hits.values()) <= 4:  # the second round has begun
         assert time.monotonic() < deadline
         await asyncio.sleep(0.005)
     try:
@@ -137,9 +141,49 @@ async def test_waiting_requests_take_returned_connections_first_come_first_serve
         await _storage.aclose()
     # The first two rounds (4 new connections, then those 4 again and 12 new ones) went to the
     # 20 oldest reads; the late read waited its turn behind the rest.
-    first_rounds = http_server.raw_paths[: _pacing.BURST * 5]
+    first_rounds = http_server.raw_paths[:20]
     assert sorted(first_rounds) == sorted(f"/{i}.bin" for i in range(20)), first_rounds
     assert sorted(http_server.raw_paths) == sorted([*(f"/{i}.bin" for i in range(40)), "/late.bin"])
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(("sharers", "burst"), [(2, 4), (4, 2), (100, _pacing.MIN_BURST)])
+async def test_a_loaders_workers_share_the_first_burst(
+    http_server: ObjectServer, sharers: int, burst: int
+) -> None:
+    urls = [http_server.put(f"{i}.bin", bytes([i]) * 100) for i in range(N)]
+    http_server.latency = LATENCY
+    _storage.configure(http_server.url, hedge=None)
+    _storage.import_config(_storage.export_config(), pool_size=64, sharers=sharers)
+    assert await _peak_within(http_server, urls, LATENCY * 0.8) == burst
+
+
+@pytest.mark.timeout(60)
+def test_a_new_host_sees_one_burst_from_all_the_workers(http_server: ObjectServer) -> None:
+    # 2 workers, 4 new connections each: 8 requests at the server in the first round trip.
+    urls = [http_server.put(f"{i}.bin", bytes([i % 256]) * 100) for i in range(128)]
+    http_server.latency = LATENCY
+    _storage.configure(http_server.url, hedge=None)
+    peaks: list[int] = []
+
+    def watch() -> None:
+        deadline = time.monotonic() + 30  # bounded: the loader's pass ends well before
+        while not http_server.active and time.monotonic() < deadline:
+            time.sleep(0.001)
+        first_round = time.monotonic() + LATENCY * 0.8
+        while time.monotonic() < first_round:
+            peaks.append(http_server.active)
+            time.sleep(0.002)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    loader = asyncload.DataLoader(
+        asyncload.RemoteFiles(urls), batch_size=16, num_workers=2, collate_fn=list
+    )
+    assert [x for batch in loader for x in batch] == [bytes([i % 256]) * 100 for i in range(128)]
+    watcher.join(30)
+    assert max(peaks) == _pacing.BURST
 
 
 class SlowAcceptServer:
