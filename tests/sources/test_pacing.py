@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
+import http.server
 import socket
 import threading
 import time
@@ -313,3 +315,34 @@ def test_a_pass_that_overflowed_caps_the_next_one(slow_accept: SlowAcceptServer)
     assert [x for batch in loader for x in batch] == [bytes([i]) * 100 for i in range(64)]
     assert 1 <= _pacing.caps()[slow_accept.key] <= 2
     assert (slow_accept.key, _pacing.caps()[slow_accept.key]) in _storage.export_config().burst_caps
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(30)
+async def test_a_host_that_closes_after_each_response_is_never_trusted(tmp_path: Path) -> None:
+    # python -m http.server speaks HTTP/1.0: every connection is answered, then closed. Its
+    # answered connections must not be taken for ones it keeps alive (the next pass would
+    # open that many at once at a backlog of 5).
+    for i in range(32):
+        (tmp_path / f"{i}.bin").write_bytes(bytes([i]) * 100)
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    serve = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
+    serve.daemon = True
+    serve.start()
+    key = f"127.0.0.1:{server.server_address[1]}"
+    try:
+        _storage.configure(f"http://{key}", hedge=None)
+        _storage.set_pool_size(64)
+        urls = [f"http://{key}/{i}.bin" for i in range(32)]
+        try:
+            assert await asyncio.gather(*(asyncload.read(u) for u in urls)) == [
+                bytes([i]) * 100 for i in range(32)
+            ]
+        finally:
+            await _storage.aclose()
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert key not in _pacing.learned()
+    assert key not in dict(_storage.export_config().connections)

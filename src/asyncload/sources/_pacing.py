@@ -157,14 +157,25 @@ def _remember(known: dict[str, int], key: str, n: int, keep: Callable[[int, int]
 
 
 class _Host:
-    __slots__ = ("key", "most", "pending", "proven", "trusted", "unproven", "waiters", "woken")
+    __slots__ = (
+        "kept",
+        "key",
+        "most",
+        "pending",
+        "proven",
+        "trusted",
+        "unproven",
+        "waiters",
+        "woken",
+    )
 
     def __init__(self, key: str) -> None:
         self.key = key
         self.pending = 0  # connects under way, not yet a protocol
         self.unproven: dict[Any, asyncio.TimerHandle] = {}
         self.proven: set[Any] = set()
-        self.most = 0  # the most proven connections held at once
+        self.kept: set[Any] = set()  # connections that went back to the pool after a response
+        self.most = 0  # the most of those held at once
         self.trusted = min(_learned.get(key, 0), TRUSTED_BURST)
         self.waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self.woken = 0  # waiters told to go that have not run yet: they keep their turn
@@ -184,11 +195,21 @@ class _Host:
 
     def proved(self, proto: Any) -> None:
         self.proven.add(proto)
-        if len(self.proven) > self.most:
-            # Counted into the running engine's stats, so the main process learns it too.
-            note_count(COUNTER + self.key, len(self.proven) - self.most)
-            self.most = len(self.proven)
-            _remember(_learned, self.key, self.most, max)
+
+    def kept_alive(self, proto: Any) -> None:
+        """*proto* went back to the pool after a response: the server keeps connections alive.
+        (An answered connection proves nothing more: HTTP/1.0 closes each after its response,
+        and a host that does was trusted with as many at once as it had answered at a time.)"""
+        if proto in self.kept:
+            return
+        self.kept.add(proto)
+        if len(self.kept) > self.most:  # a record, perhaps: count only those still open
+            self.kept = {p for p in self.kept if p.is_connected()}
+            if len(self.kept) > self.most:
+                # Counted into the running engine's stats, so the main process learns it too.
+                note_count(COUNTER + self.key, len(self.kept) - self.most)
+                self.most = len(self.kept)
+                _remember(_learned, self.key, self.most, max)
 
     def overflowed(self, under_way: int) -> None:
         """A connect waited for a SYN retry while *under_way* new connections were (itself
@@ -298,9 +319,12 @@ class PacedConnector(aiohttp.TCPConnector):
             host.wake(max(host.room(self._pace_burst), 0) + idle - host.woken)
 
     def _release(self, key: Any, protocol: Any, *, should_close: bool = False) -> None:
+        pooled = not (self._closed or self._force_close or should_close or protocol.should_close)
         super()._release(key, protocol, should_close=should_close)
         host = self._pace_hosts.get((key.host, key.port))
         if host is not None:
+            if pooled:
+                host.kept_alive(protocol)
             self._pace_wake(key, host)  # a kept-alive connection may be back in the pool
 
     def _pace_release(self, proto: Any, answered: bool) -> None:
