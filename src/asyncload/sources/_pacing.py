@@ -24,9 +24,9 @@ A listen backlog can be smaller than what a host proved it holds, and a server b
 leave its accept queue full: then a SYN is dropped, and its connect completes only when the
 kernel retries it, after 1 s. A connect that took that long (``SYN_RETRY``) is that evidence, so
 the host's new connections in flight are capped from then on at half as many as were under way
-when it started (``caps``), in this pass and, like what a host proved, in the next ones: the
-counter ``burst:<host>:<port>`` carries the cap to the main process (``caps``), and ``trust`` to
-the next workers. The first overflow costs its requests that second; later ones are avoided.
+when it started, in this pass and, like what a host proved, in the next ones: the counter
+``burst:<host>:<port>`` carries the cap to the main process (``caps``), and ``trust`` to the
+next workers. The first overflow costs its requests that second; later ones are avoided.
 """
 
 from __future__ import annotations
@@ -193,9 +193,6 @@ class _Host:
         """New connections that may be opened now."""
         return self.limit(burst) - self.pending - len(self.unproven)
 
-    def proved(self, proto: Any) -> None:
-        self.proven.add(proto)
-
     def kept_alive(self, proto: Any) -> None:
         """*proto* went back to the pool after a response: the server keeps connections alive.
         (An answered connection proves nothing more: HTTP/1.0 closes each after its response,
@@ -334,7 +331,7 @@ class PacedConnector(aiohttp.TCPConnector):
         host, key = found
         host.unproven.pop(proto).cancel()
         if answered:
-            host.proved(proto)
+            host.proven.add(proto)
         self._pace_wake(key, host)
 
     def settle(self, response: aiohttp.ClientResponse) -> None:
