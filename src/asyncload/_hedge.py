@@ -187,6 +187,31 @@ def _discard(fut: asyncio.Future[object]) -> None:
         fut.exception()  # retrieved: a loser's failure is not an error anyone should see
 
 
+async def _settles(fut: asyncio.Future[T], timeout: float) -> bool:
+    """Whether *fut* is done within *timeout* seconds (it is not cancelled either way).
+
+    ``asyncio.wait((fut,), timeout=...)`` does this on every request's path; this does it with
+    one waiter, one timer and no sets (~2x cheaper).
+    """
+    if fut.done():
+        return True
+    loop = fut.get_loop()
+    waiter: asyncio.Future[None] = loop.create_future()
+
+    def wake(_: object = None) -> None:
+        if not waiter.done():
+            waiter.set_result(None)
+
+    timer = loop.call_later(timeout, wake)
+    fut.add_done_callback(wake)
+    try:
+        await waiter
+    finally:
+        timer.cancel()
+        fut.remove_done_callback(wake)
+    return fut.done()
+
+
 def _cancel(fut: asyncio.Future[T]) -> None:
     if fut.done():
         if not fut.cancelled():
@@ -231,8 +256,7 @@ async def _straggles(
             timeout = began + 2 * delay - loop.time()
             if timeout <= 0:
                 return not primary.done()
-        done, _ = await asyncio.wait((primary,), timeout=timeout)
-        if done:
+        if await _settles(primary, timeout):
             return False
 
 
@@ -263,16 +287,14 @@ async def _race(
     straggles = False
     try:
         if delay != float("inf"):  # the usual case: one wait, in this coroutine
-            done, _ = await asyncio.wait((primary,), timeout=delay)
-            straggles, asks = not done, 0
+            straggles, asks = not await _settles(primary, delay), 0
         else:  # slow twice over when it returns: the whole bucket is open to it
             straggles, asks = await _straggles(primary, tracker, policy, began, rank), _RESERVE
         # Refused: ask again a delay later (never sooner than _LEARNING_POLL: min_delay may be
         # 0), more of the bucket open each time (_RESERVE).
         while straggles and not tracker.spend(max(0, _RESERVE - asks)):
             wait = max(tracker.delay, _LEARNING_POLL)
-            done, _ = await asyncio.wait((primary,), timeout=wait)
-            straggles, asks = not done, asks + 1
+            straggles, asks = not await _settles(primary, wait), asks + 1
     except BaseException:
         if straggles:  # a straggler cancelled while it asked: its latency is at least this
             tracker.observe(loop.time() - began, policy)

@@ -25,6 +25,8 @@ from asyncload._exceptions import (
     ServerError,
     StorageError,
 )
+from asyncload.sources import _base
+from asyncload.sources._base import AttemptFailed, encode_url
 
 from .._http_server import ObjectServer, serve_in_thread, stop
 
@@ -438,6 +440,17 @@ async def test_bad_port_or_ipv6_is_invalid_url_naming_the_redacted_url(url: str)
     assert url.split("/")[2].split("@")[-1] in message  # the host part is named
     with pytest.raises(asyncload.InvalidURL):
         await asyncload.stat(url)
+
+
+@pytest.mark.timeout(10)
+async def test_a_host_part_once_sound_is_remembered_and_a_bad_one_never() -> None:
+    # encode_url keeps the host parts urlsplit accepted (a hot path): only those.
+    assert encode_url("http://127.0.0.1:8/a") == "http://127.0.0.1:8/a"
+    assert "127.0.0.1:8" in _base._SOUND_NETLOCS
+    for _ in range(2):
+        with pytest.raises(AttemptFailed, match="Port out of range"):
+            encode_url("http://127.0.0.1:99999/a")
+    assert "127.0.0.1:99999" not in _base._SOUND_NETLOCS
 
 
 # -- secrets (item 8) ------------------------------------------------------------------------
