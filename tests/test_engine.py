@@ -388,3 +388,66 @@ def test_every_pass_starts_with_its_head_batch_alone(monkeypatch: pytest.MonkeyP
     ]
     head = max(ds.started[i] for i in range(3))
     assert min(ds.started[i] for i in range(3, 9)) - head >= 0.19
+
+
+class _Recording(asyncload.Dataset[int]):
+    """Index *i* returns *i* after *delay* s; records the order samples start in, and the task
+    that fetched each."""
+
+    def __init__(self, n: int, delay: float = 0.001) -> None:
+        self.n, self.delay = n, delay
+        self.started: list[int] = []
+        self.tasks: dict[int, asyncio.Task[Any] | None] = {}
+
+    def __len__(self) -> int:
+        return self.n
+
+    async def __getitem__(self, index: int) -> int:
+        self.started.append(index)
+        self.tasks[index] = asyncio.current_task()
+        await asyncio.sleep(self.delay)
+        return index
+
+
+def test_a_freed_slot_fetches_the_next_sample_in_line_in_its_own_task() -> None:
+    # A task per sample, woken through the starter, cost each sample two turns of a busy loop.
+    ds = _Recording(60)
+    tasks = [IndexTask(k, 0, list(range(12 * k, 12 * k + 12))) for k in range(5)]
+    out = asyncio.run(_run(_config(ds, max_concurrency=4), list(tasks)))
+    assert {r.send_idx: r.data for r in out} == {
+        k: list(range(12 * k, 12 * k + 12)) for k in range(5)
+    }
+    assert ds.started == list(range(60))  # still in order
+    # A new task only where the line ran dry (between batches): one per slot at most each time,
+    # not one per sample.
+    assert len({id(t) for t in ds.tasks.values()}) <= 4 * (1 + 5)
+
+
+def test_a_slot_skips_the_rest_of_a_failed_batch() -> None:
+    ds = Jittery(9, seed=4, bad=(0,))
+    ds.delays = [0.01] * 9
+    fetched: list[int] = []
+    getitem = ds.__getitem__
+
+    async def recorded(index: int) -> int:
+        fetched.append(index)
+        return await getitem(index)
+
+    ds.__getitem__ = recorded  # type: ignore[method-assign]
+    tasks = [IndexTask(0, 0, [0, 1, 2, 3, 4, 5]), IndexTask(1, 0, [6, 7, 8])]
+    out = asyncio.run(_run(_config(ds, max_concurrency=1), list(tasks)))
+    assert isinstance(out[0], Failure)
+    assert out[1].data == [6, 7, 8]
+    assert fetched == [0, 6, 7, 8]  # 1-5 waited in line behind 0: never fetched
+
+
+def test_a_new_pass_fetches_nothing_that_waited_in_line_in_the_old_one() -> None:
+    ds = _Recording(9, delay=0.2)
+    messages: list[object] = [
+        IndexTask(0, 0, [0, 1, 2]),  # one slot: 1 and 2 wait in line behind 0
+        StartPass(1, epoch=None, shared_seed=None),
+        IndexTask(0, 1, [6, 7, 8]),
+    ]
+    out = asyncio.run(_run(_config(ds, max_concurrency=1), messages, settle=0.05))
+    assert [r.data for r in out if isinstance(r, Result)] == [[6, 7, 8]]
+    assert ds.started == [0, 6, 7, 8]

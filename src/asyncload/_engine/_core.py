@@ -9,6 +9,7 @@ NOTE [ Data flow and shutdown ] in ``_protocol.py``.
 from __future__ import annotations
 
 import asyncio
+import collections
 import sys
 import time
 from collections.abc import Callable
@@ -92,6 +93,8 @@ class EngineCore:
         # Index batches wait here for the starter task, so that control messages (StartPass,
         # Shutdown) are handled at once even while every fetch slot is taken.
         self._batches: asyncio.Queue[IndexTask] = asyncio.Queue()
+        # Samples of the batch being started that wait for a slot (_map.MapFetching._run_slot).
+        self._line: collections.deque[Any] = collections.deque()
         self._starter: asyncio.Task[None] | None = None
         self._cancelling = False  # True while the engine itself cancels its tasks
         self._last_stats = 0.0

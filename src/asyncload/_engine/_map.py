@@ -2,6 +2,7 @@
 
 A batch starts as soon as fetch slots free up, before the previous one completes, and is
 collated the moment its last sample lands. A pass's first batch starts alone (``HEAD_START``).
+A slot is a task: when its sample is done it goes on to the next sample waiting in line.
 """
 
 from __future__ import annotations
@@ -67,16 +68,42 @@ class MapFetching(EngineCore):
             self.recorder.in_flight += 1
             return [self._spawn(self._fetch_many(batch, indices))]
         started = []
-        for pos, index in enumerate(indices):
+        line = self._line
+        line.extend((batch, pos, index) for pos, index in enumerate(indices))
+        while line:
             # Waiting here is the backpressure: the next batch starts as soon as slots free up,
-            # before this one completes.
+            # before this one completes. A slot that frees up takes the next sample in line
+            # itself (_run_slot), so this wakes only when the line is empty.
             await self._sem.acquire()
-            if batch.failed:
+            item = self._next_in_line()
+            if item is None:
                 self._sem.release()
                 break
-            self.recorder.in_flight += 1
-            started.append(self._spawn(self._fetch_one(batch, pos, index)))
+            started.append(self._spawn(self._run_slot(item)))
         return started
+
+    def _next_in_line(self) -> tuple[_Batch, int, Any] | None:
+        """The next sample waiting for a slot (counted in flight); ``None``: none waits."""
+        line = self._line
+        while line:
+            item: tuple[_Batch, int, Any] = line.popleft()
+            if not item[0].failed:  # a failed batch's other samples are not fetched
+                self.recorder.in_flight += 1
+                return item
+        return None
+
+    async def _run_slot(self, item: tuple[_Batch, int, Any] | None) -> None:
+        """Fetch *item*, then the samples next in line, in this task, holding one slot.
+
+        Handing the slot on here, rather than releasing it to the starter that then starts
+        a task, saves the next sample two turns of a busy loop (1-2 ms of its ~55 at 50 ms).
+        """
+        try:
+            while item is not None:
+                await self._fetch_one(*item)
+                item = self._next_in_line()
+        finally:
+            self._sem.release()
 
     async def _fetch_many(self, batch: _Batch, indices: list[Any]) -> None:
         assert self._fetch_batch is not None
@@ -122,7 +149,6 @@ class MapFetching(EngineCore):
             else:
                 return
         finally:
-            self._sem.release()
             self.recorder.in_flight -= 1
         if sample is not _LEFT_OUT:
             self.recorder.note_sample(time.perf_counter() - t0)
