@@ -277,6 +277,32 @@ def after(seconds: float, value: str = "", fail: Exception | None = None) -> Cal
     return run
 
 
+def recording(seconds: float, value: str, tasks: list[asyncio.Task[Any] | None]) -> Any:
+    async def run() -> str:
+        tasks.append(asyncio.current_task())
+        await asyncio.sleep(seconds)
+        return value
+
+    return run
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="Task.uncancel()")
+async def test_once_the_delay_is_known_only_a_hedge_gets_a_task_of_its_own() -> None:
+    # A task per request put two turns of a busy loop between a response and its caller.
+    tracker, policy = _learned()
+    tasks: list[asyncio.Task[Any] | None] = []
+    copies = Copies(recording(5.0, "primary", tasks), recording(0.01, "hedge", tasks))
+    task = asyncio.current_task()
+    assert task is not None
+    assert await _hedge._race(copies, tracker, policy, 1) == ("hedge", 2)
+    assert tasks[0] is task
+    assert tasks[1] is not task
+    await _hedge.drain()
+    assert copies.ended == ["hedge", "cancelled"]
+    assert task.cancelling() == 0
+    await asyncio.sleep(0)  # and no cancellation left pending either
+
+
 @pytest.mark.skipif(sys.version_info < (3, 11), reason="asyncio.timeout, Task.cancelling()")
 async def test_a_hedge_that_wins_leaves_its_callers_task_as_it_was() -> None:
     # The primary is cancelled when the hedge answers: the caller must not see that

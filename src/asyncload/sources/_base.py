@@ -221,7 +221,7 @@ _registry: dict[str, Backend] = {}
 # loader sets its max_concurrency.
 _pool_size = [64]
 
-# True in the task of a hedge (_hedge.py). A backend whose connection pool is a Python queue
+# True in the task of a hedge (_hedge). A backend whose connection pool is a Python queue
 # (aiohttp's) sends hedges on connections of their own: a hedge is sent when its primary's pool
 # is busiest, and one waiting in that pool's queue would wait as long as its straggler.
 hedging: contextvars.ContextVar[bool] = contextvars.ContextVar("asyncload_hedging", default=False)

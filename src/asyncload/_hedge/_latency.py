@@ -1,0 +1,98 @@
+"""What a prefix's recent latencies teach: its hedge delay, and its token bucket.
+
+One ``_Prefix`` per configured prefix and origin (``_prefix_of``): the delay is a high
+percentile of its last ``_WINDOW`` latencies, never below ``Hedge.min_delay``; the bucket earns
+``Hedge.budget`` tokens per request and a hedge spends one (see the package doc).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .._retry import Hedge
+    from ..sources._base import StorageOptions
+
+__all__ = ["forget", "prefix_of"]  # and _Prefix, for the package
+
+# Latencies kept per prefix, and how often the percentile is recomputed from them: a sort of
+# 512 floats every 64 requests is well under a microsecond per request.
+_WINDOW = 512
+_RECOMPUTE_EVERY = 64
+# Before this many observations the percentile means little: no hedging yet.
+_MIN_SAMPLES = 20
+# Tokens a quiet prefix may save up, so a burst of stragglers after a calm period is bounded.
+_MAX_TOKENS = 10.0
+_MAX_PREFIXES = 1024
+
+
+class _Prefix:
+    """Recent latencies and the hedge token bucket of one prefix."""
+
+    __slots__ = (
+        "delay",
+        "filled",
+        "finished",
+        "latencies",
+        "next",
+        "options",
+        "since",
+        "started",
+        "tokens",
+    )
+
+    def __init__(self, options: StorageOptions) -> None:
+        self.options = options  # the key holds its id(): keep it alive, and check it is the same
+        self.latencies = [0.0] * _WINDOW
+        self.next = 0
+        self.filled = 0
+        self.since = 0
+        self.delay = float("inf")
+        self.tokens = 0.0
+        self.started = 0  # requests sent, and requests answered (or failed), ever
+        self.finished = 0
+
+    def observe(self, seconds: float, policy: Hedge) -> None:
+        self.finished += 1
+        self.latencies[self.next] = seconds
+        self.next = (self.next + 1) % _WINDOW
+        self.filled = min(self.filled + 1, _WINDOW)
+        self.since += 1
+        if self.since >= _RECOMPUTE_EVERY or (
+            self.filled >= _MIN_SAMPLES and self.delay == float("inf")
+        ):
+            self.since = 0
+            recent = sorted(self.latencies[: self.filled])
+            q = recent[min(len(recent) - 1, int(policy.percentile * len(recent)))]
+            self.delay = max(policy.min_delay, q) if self.filled >= _MIN_SAMPLES else float("inf")
+
+    def earn(self, policy: Hedge) -> None:
+        self.tokens = min(_MAX_TOKENS, self.tokens + policy.budget)
+
+    def spend(self, reserve: int = 0) -> bool:
+        """Take a token for a hedge, leaving *reserve* tokens in the bucket (see ``_RESERVE``)."""
+        if self.tokens < 1.0 + reserve:
+            return False
+        self.tokens -= 1.0
+        return True
+
+
+_prefixes: dict[tuple[int, str], _Prefix] = {}
+
+
+def prefix_of(url: str, options: StorageOptions) -> _Prefix:
+    # One tracker per configured prefix (its options object) and origin (scheme://host/ or
+    # bucket): the default options serve every unconfigured host, whose latencies differ.
+    slash = url.find("/", url.find("://") + 3)
+    key = (id(options), url if slash < 0 else url[:slash])
+    tracker = _prefixes.get(key)
+    if tracker is None or tracker.options is not options:
+        if len(_prefixes) >= _MAX_PREFIXES:
+            _prefixes.clear()
+        tracker = _prefixes[key] = _Prefix(options)
+    return tracker
+
+
+def forget() -> None:
+    """Forget every prefix's latencies and tokens."""
+    _prefixes.clear()

@@ -1,0 +1,389 @@
+"""One round of a hedged request: the request, and copies of it while every copy straggles.
+
+``_race`` returns the first answer and cancels the other copies; their cleanup (a response
+released, a connection closed) is waited for by ``drain`` before clients close. Once the
+prefix's delay is known the request runs in its caller's own task and only a hedge gets a task
+(``_race_in_place``); before that, every request is watched from a task of its own
+(``_straggles``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from .._metrics import note_count
+from .._retry import AttemptFailed, Hedge
+from ..sources._base import hedging
+from ._latency import _Prefix
+
+__all__ = ["drain"]  # and _race, for the package
+
+T = TypeVar("T")
+
+# How often a request sent before the delay was learned looks whether it is due (at least), and
+# how many requests sent after it must have finished first (see _straggles).
+_LEARNING_POLL = 0.02
+_OVERTAKEN = 4
+# _RESERVE: by its definition, one request in twenty outlives a p95 delay, mostly by a little,
+# and those would spend a 5% budget whole. A request the bucket refused asks again every delay
+# (tokens come back with every request), and at its first ask it leaves this many tokens in the
+# bucket, at its second one fewer, and so on: the longer a request is out, the surer it is a
+# straggler. The end of an epoch earns no more tokens (no more requests), and its last
+# stragglers need some.
+_RESERVE = 3
+# Hedges one round may send: a second one when the first straggles too (see _race).
+_MAX_HEDGES = 2
+# Task.uncancel() (3.11) lets a round run its primary in the caller's task (_race_in_place).
+_IN_PLACE = sys.version_info >= (3, 11)
+
+# Hedges sent and won by this process (``counts``).
+_sent = 0
+_won = 0
+
+
+def _send(start: Callable[[], Awaitable[T]]) -> asyncio.Future[T]:
+    """The hedge, in a task of its own that the backend knows for one (``hedging``); counted."""
+    global _sent
+    _sent += 1
+    note_count("hedges_sent")
+    token = hedging.set(True)  # the task copies this context
+    try:
+        return asyncio.ensure_future(start())
+    finally:
+        hedging.reset(token)
+
+
+_losers: set[asyncio.Future[object]] = set()
+_STOPPED: Any = object()  # _InPlace.outcome once the round is over
+
+
+def _discard(fut: asyncio.Future[object]) -> None:
+    _losers.discard(fut)
+    if not fut.cancelled():
+        fut.exception()  # retrieved: a loser's failure is not an error anyone should see
+
+
+async def _settles(fut: asyncio.Future[T], timeout: float) -> bool:
+    """Whether *fut* is done within *timeout* seconds (it is not cancelled either way).
+
+    ``asyncio.wait((fut,), timeout=...)`` does this on every request's path; this does it with
+    one waiter, one timer and no sets (~2x cheaper).
+    """
+    if fut.done():
+        return True
+    loop = fut.get_loop()
+    waiter: asyncio.Future[None] = loop.create_future()
+
+    def wake(_: object = None) -> None:
+        if not waiter.done():
+            waiter.set_result(None)
+
+    timer = loop.call_later(timeout, wake)
+    fut.add_done_callback(wake)
+    try:
+        await waiter
+    finally:
+        timer.cancel()
+        fut.remove_done_callback(wake)
+    return fut.done()
+
+
+def _cancel(fut: asyncio.Future[T]) -> None:
+    if fut.done():
+        if not fut.cancelled():
+            fut.exception()
+        return
+    fut.cancel()
+    # Keep a reference until the cancellation has run the loser's cleanup (response released).
+    _losers.add(fut)  # type: ignore[arg-type]
+    fut.add_done_callback(_discard)  # type: ignore[arg-type]
+
+
+async def drain() -> None:
+    """Wait until every cancelled loser of this loop has finished cleaning up (before closing
+    clients). Losers of a loop that closed meanwhile were finalized with it: forgotten."""
+    loop = asyncio.get_running_loop()
+    for fut in [f for f in _losers if f.get_loop().is_closed()]:
+        _losers.discard(fut)
+    while mine := [f for f in _losers if f.get_loop() is loop]:
+        await asyncio.wait(mine)
+
+
+async def _straggles(
+    primary: asyncio.Future[T], tracker: _Prefix, policy: Hedge, began: float, rank: int
+) -> bool:
+    """For a request sent before its prefix's delay was learned: wait until *primary* is due a
+    hedge; whether it is still running then.
+
+    A fresh worker sends its first few hundred requests at once; *rank* went before this one.
+    It looks again every ``min_delay`` (20 ms at least), and is due only when it is slow twice
+    over: at twice the delay (the first estimate comes from the fastest of that wave), and once
+    requests sent after it have overtaken it (four more have finished than went before it). A
+    request that waited in line for a connection is not overtaken, so the budget goes to the
+    wave's real stragglers. Without this a straggler of the first wave, often in the first
+    batch, would hold it its whole 0.5-2 s.
+    """
+    loop = asyncio.get_running_loop()
+    while True:
+        delay = tracker.delay
+        if delay == float("inf") or tracker.finished - rank < _OVERTAKEN:
+            timeout = max(policy.min_delay, _LEARNING_POLL)
+        else:
+            timeout = began + 2 * delay - loop.time()
+            if timeout <= 0:
+                return not primary.done()
+        if await _settles(primary, timeout):
+            return False
+
+
+async def _race(
+    start: Callable[[], Awaitable[T]], tracker: _Prefix, policy: Hedge, spare: int
+) -> tuple[T, int]:
+    """One round: the request, and hedges if it straggles. Returns (result, requests sent).
+
+    Raises the round's ``AttemptFailed`` with ``requests`` set to the requests it used.
+    """
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    delay = tracker.delay
+    rank = tracker.started  # requests of this prefix sent before this one
+    tracker.started += 1
+    tracker.earn(policy)
+    if spare < 1:
+        # Nothing to race: no task, the request runs in the caller's.
+        try:
+            result = await start()
+        except AttemptFailed:
+            tracker.observe(loop.time() - began, policy)
+            raise
+        tracker.observe(loop.time() - began, policy)
+        return result, 1
+    if _IN_PLACE and delay != float("inf"):  # the usual case
+        return await _race_in_place(start, tracker, policy, spare, began)
+    primary: asyncio.Future[T] = asyncio.ensure_future(start())
+    straggles = False
+    try:
+        if delay != float("inf"):  # Python 3.10: one wait, in this coroutine
+            straggles, asks = not await _settles(primary, delay), 0
+        else:  # slow twice over when it returns: the whole bucket is open to it
+            straggles, asks = await _straggles(primary, tracker, policy, began, rank), _RESERVE
+        # Refused: ask again a delay later (never sooner than _LEARNING_POLL: min_delay may be
+        # 0), more of the bucket open each time (_RESERVE).
+        while straggles and not tracker.spend(max(0, _RESERVE - asks)):
+            wait = max(tracker.delay, _LEARNING_POLL)
+            straggles, asks = not await _settles(primary, wait), asks + 1
+    except BaseException:
+        if straggles:  # a straggler cancelled while it asked: its latency is at least this
+            tracker.observe(loop.time() - began, policy)
+        _cancel(primary)
+        raise
+    if not straggles:
+        try:
+            result = await primary
+        finally:
+            tracker.observe(loop.time() - began, policy)
+        return result, 1
+    copies: list[asyncio.Future[T]] = [primary, _send(start)]
+    try:
+        return await _await_copies(
+            start, tracker, copies, set(copies), 1 + min(spare, _MAX_HEDGES), loop.time(), None
+        )
+    finally:
+        # The primary's latency is at least this long: a lower bound keeps the percentile honest.
+        tracker.observe(loop.time() - began, policy)
+        for fut in copies:
+            _cancel(fut)
+
+
+async def _await_copies(
+    start: Callable[[], Awaitable[T]],
+    tracker: _Prefix,
+    copies: list[asyncio.Future[T]],
+    pending: set[asyncio.Future[T]],
+    most: int,
+    last: float,
+    failure: AttemptFailed | None,
+    ran_in_place: int = 0,
+) -> tuple[T, int]:
+    """Wait for *pending* of the round's *copies* (the first is the primary, unless it ran in
+    place: ``ran_in_place=1``, and failed with *failure*); send another copy, up to *most*
+    requests, when every copy out has straggled a delay since the *last* one went out."""
+    global _won
+    loop = asyncio.get_running_loop()
+    # A hedge straggles too, one time in a hundred: with ~40 stragglers a run, one of them in
+    # three. Both copies then hold their batch until the primary answers (0.5-2 s). So a round
+    # may send one more copy, a delay after the last, when the attempts and the bucket allow.
+    while pending:
+        timeout, delay = None, tracker.delay
+        # A hedge goes out once the delay is known (_straggles), and it stays known; uvloop
+        # would refuse an infinite timeout all the same.
+        if len(copies) + ran_in_place < most and delay != float("inf"):
+            timeout = max(last + max(delay, _LEARNING_POLL) - loop.time(), 0)
+        done, pending = await asyncio.wait(
+            pending, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+        )
+        if not done:  # every copy out still straggles: another one, if a token is left
+            last = loop.time()
+            if tracker.spend():
+                copies.append(_send(start))
+                pending.add(copies[-1])
+            continue
+        # Several may be done in one wake-up: prefer a success, and the earlier copy.
+        for fut in sorted(done, key=copies.index):
+            exc = fut.exception()
+            if exc is None:
+                if ran_in_place or fut is not copies[0]:
+                    _won += 1
+                    note_count("hedges_won")
+                return fut.result(), len(copies) + ran_in_place
+            if not isinstance(exc, AttemptFailed):
+                raise exc
+            failure = exc
+            if not exc.retryable:  # a 404 or a 403 will not change for the twin
+                pending.clear()
+                break
+    assert failure is not None
+    failure.requests = len(copies) + ran_in_place
+    raise failure
+
+
+class _InPlace:
+    """A round whose primary request runs in the caller's own task (``_race_in_place``).
+
+    A timer sends the hedges; the first hedge to end the round (an answer, or a failure that
+    another copy cannot mend) cancels the caller's task, which interrupts the primary where it
+    waits, and the round then takes that hedge's outcome and uncancels the task.
+    """
+
+    __slots__ = (
+        "asks",
+        "cancelling",
+        "hedges",
+        "interrupted",
+        "last",
+        "most",
+        "outcome",
+        "start",
+        "task",
+        "timer",
+        "tracker",
+    )
+
+    def __init__(
+        self, start: Callable[[], Awaitable[Any]], tracker: _Prefix, spare: int, delay: float
+    ) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self.task = task
+        # Cancellations the task had when the round began, caught and not withdrawn: more
+        # after the round's own is withdrawn are the caller's.
+        self.cancelling = 0
+        if sys.version_info >= (3, 11):
+            self.cancelling = task.cancelling()
+        self.start, self.tracker = start, tracker
+        self.most = 1 + min(spare, _MAX_HEDGES)
+        self.hedges: list[asyncio.Future[Any]] = []
+        self.asks = 0  # times the bucket refused the first hedge (see _RESERVE)
+        self.outcome: asyncio.Future[Any] | None = None
+        self.interrupted = False  # this round cancelled the caller's task
+        loop = asyncio.get_running_loop()
+        self.last = loop.time()
+        self.timer: asyncio.TimerHandle | None = loop.call_later(delay, self._due)
+
+    def _due(self) -> None:
+        """Every copy out has straggled a delay: send another one, if the bucket allows."""
+        self.timer = None
+        if self.outcome is not None:
+            return
+        first = not self.hedges
+        tracker = self.tracker
+        loop = asyncio.get_running_loop()
+        # The first hedge leaves part of the bucket to later stragglers (_RESERVE); a second
+        # one takes what there is.
+        if tracker.spend(max(0, _RESERVE - self.asks) if first else 0):
+            hedge = _send(self.start)
+            hedge.add_done_callback(self._hedge_done)
+            self.hedges.append(hedge)
+            self.last = loop.time()
+        elif first:
+            self.asks += 1
+        else:
+            self.last = loop.time()
+        if not self.hedges or 1 + len(self.hedges) < self.most:
+            self.timer = loop.call_later(max(tracker.delay, _LEARNING_POLL), self._due)
+
+    def _hedge_done(self, hedge: asyncio.Future[Any]) -> None:
+        if self.outcome is not None or hedge.cancelled():  # decided, or a loser
+            return
+        exc = hedge.exception()
+        if isinstance(exc, AttemptFailed) and exc.retryable:
+            return  # the primary or another copy may still answer
+        self.outcome = hedge
+        if self.task.cancel():
+            self.interrupted = True
+
+    def stop(self) -> asyncio.Future[Any] | None:
+        """No more hedges or interruptions; the hedge that ended the round, if one did."""
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        outcome, self.outcome = self.outcome, _STOPPED
+        if self.interrupted and sys.version_info >= (3, 11):
+            self.interrupted = False
+            self.task.uncancel()
+        return outcome if outcome is not _STOPPED else None
+
+
+async def _race_in_place(
+    start: Callable[[], Awaitable[T]], tracker: _Prefix, policy: Hedge, spare: int, began: float
+) -> tuple[T, int]:
+    """``_race`` once the prefix's delay is known: the primary runs in the caller's task.
+
+    A task of its own and a wait on it put two turns of a busy loop between the request and
+    its caller (1-2 ms of a sample's ~55 at 50 ms); here only a timer does, and a hedge, one
+    request in twenty at most, gets a task.
+    """
+    global _won
+    loop = asyncio.get_running_loop()
+    round_ = _InPlace(start, tracker, spare, tracker.delay)
+    try:
+        try:
+            result = await start()
+        except asyncio.CancelledError:
+            outcome = round_.stop()
+            if outcome is None or (
+                sys.version_info >= (3, 11) and round_.task.cancelling() > round_.cancelling
+            ):
+                raise  # the caller's own cancellation
+        except AttemptFailed as failure:
+            outcome = round_.stop()
+            if outcome is None:  # the primary failed first
+                pending = {h for h in round_.hedges if not h.done()}
+                if not failure.retryable or not pending:
+                    failure.requests = 1 + len(round_.hedges)
+                    raise
+                return await _await_copies(
+                    start, tracker, round_.hedges, pending, round_.most, round_.last, failure, 1
+                )
+        except BaseException:
+            round_.stop()
+            raise
+        else:
+            round_.stop()  # a hedge may have ended the round too late: the primary won
+            return result, 1 + len(round_.hedges)
+        # A hedge ended the round: its answer, or the failure no other copy would mend.
+        exc = outcome.exception()
+        if exc is not None:
+            if isinstance(exc, AttemptFailed):
+                exc.requests = 1 + len(round_.hedges)
+            raise exc
+        _won += 1
+        note_count("hedges_won")
+        return outcome.result(), 1 + len(round_.hedges)
+    finally:
+        tracker.observe(loop.time() - began, policy)
+        for hedge in round_.hedges:
+            _cancel(hedge)
