@@ -7,8 +7,10 @@ against a real server.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import random
+import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -451,3 +453,53 @@ def test_a_new_pass_fetches_nothing_that_waited_in_line_in_the_old_one() -> None
     out = asyncio.run(_run(_config(ds, max_concurrency=1), messages, settle=0.05))
     assert [r.data for r in out if isinstance(r, Result)] == [[6, 7, 8]]
     assert ds.started == [0, 6, 7, 8]
+
+
+def test_a_slot_that_outlives_its_cancellation_fetches_nothing_more_of_the_old_pass() -> None:
+    # A sample may swallow its cancellation and return (a cache waiter whose shared fetch was
+    # cancelled reads again): its slot must not go on to the samples waiting in line.
+    class Swallowing(_Recording):
+        async def __getitem__(self, index: int) -> int:
+            self.started.append(index)
+            try:
+                await asyncio.sleep(self.delay)
+            except asyncio.CancelledError:
+                if index == 0:
+                    return index
+                raise
+            return index
+
+    ds = Swallowing(40, delay=0.2)
+    messages: list[object] = [
+        IndexTask(0, 0, list(range(30))),  # two slots: 0 and 1 run, 2-29 wait in line
+        StartPass(1, epoch=None, shared_seed=None),
+        IndexTask(0, 1, [30, 31]),
+    ]
+    out = asyncio.run(_run(_config(ds, max_concurrency=2), messages, settle=0.05))
+    assert [r.data for r in out if isinstance(r, Result)] == [[30, 31]]
+    assert ds.started == [0, 1, 30, 31]
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="Task.cancelling()")
+def test_a_sample_that_leaves_a_cancellation_behind_does_not_pass_it_to_the_next() -> None:
+    # A cancellation caught and not withdrawn stays counted on the task (Task.cancelling()),
+    # and the engine reads that count to tell its own cancellations from a sample's.
+    class Leaving(_Recording):
+        async def __getitem__(self, index: int) -> int:
+            if index == 0:
+                task = asyncio.current_task()
+                assert task is not None
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.sleep(1)
+            if index == 1:
+                raise asyncio.CancelledError("from inside")  # a failure of this sample
+            return await super().__getitem__(index)
+
+    ds = Leaving(6)
+    tasks = [IndexTask(0, 0, [0, 1, 2]), IndexTask(1, 0, [3, 4, 5])]
+    out = asyncio.run(_run(_config(ds, max_concurrency=1), list(tasks)))
+    by_idx = {r.send_idx: r for r in out}
+    assert isinstance(by_idx[0], Failure)
+    assert "cancelled from inside" in str(by_idx[0].error.exception())
+    assert by_idx[1].data == [3, 4, 5]
