@@ -468,6 +468,30 @@ async def test_a_cancellation_caught_earlier_does_not_turn_a_hedges_answer_into_
     task.uncancel()
 
 
+async def test_a_hedge_that_answered_in_the_turn_its_primary_failed_is_taken() -> None:
+    # The hedge's answer lands first, the primary's 503 in the same loop turn, before the
+    # hedge's done callback has run: the answer is used, not a retry sent.
+    tracker, policy = _learned()
+    futures: list[asyncio.Future[str]] = []
+    both_out = asyncio.Event()
+
+    async def copy() -> str:
+        futures.append(asyncio.get_running_loop().create_future())
+        if len(futures) == 2:
+            both_out.set()
+        return await futures[-1]
+
+    async def settle_both() -> None:
+        await both_out.wait()
+        futures[1].set_result("hedge")
+        futures[0].set_exception(AttemptFailed(asyncload.ServerError, "503", retryable=True))
+
+    driver = asyncio.ensure_future(settle_both())
+    assert await asyncio.wait_for(_hedge._race(copy, tracker, policy, 2), 5) == ("hedge", 2)
+    await driver
+    assert _hedge.counts() == _hedge.HedgeCounts(sent=1, won=1)
+
+
 async def test_a_hedge_that_straggles_too_gets_one_more_copy() -> None:
     # One hedge in a hundred straggles as well: with attempts to spare, a round sends a second
     # hedge a delay after the first, and the first copy to answer wins.

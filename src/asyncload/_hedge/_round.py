@@ -361,12 +361,20 @@ async def _race_in_place(
         except AttemptFailed as failure:
             outcome = round_.stop()
             if outcome is None:  # the primary failed first
-                pending = {h for h in round_.hedges if not h.done()}
-                if not failure.retryable or not pending:
+                if not failure.retryable or not round_.hedges:
                     failure.requests = 1 + len(round_.hedges)
                     raise
+                # Every hedge, those done too: one may have answered in this same turn, before
+                # its callback ran.
                 return await _await_copies(
-                    start, tracker, round_.hedges, pending, round_.most, round_.last, failure, 1
+                    start,
+                    tracker,
+                    round_.hedges,
+                    set(round_.hedges),
+                    round_.most,
+                    round_.last,
+                    failure,
+                    1,
                 )
         except BaseException:
             round_.stop()
