@@ -141,12 +141,10 @@ async def test_waiting_requests_take_returned_connections_first_come_first_serve
         assert await reads == [bytes([i]) * 100 for i in range(40)]
     finally:
         await _storage.aclose()
-    # The first two rounds (4 new connections, then those 4 again and GROWTH x 4 new ones)
-    # went to the oldest reads; the late read waited its turn behind the rest.
-    two_rounds = 4 + 4 + _pacing.GROWTH * 4
-    assert two_rounds < 40
-    first_rounds = http_server.raw_paths[:two_rounds]
-    assert sorted(first_rounds) == sorted(f"/{i}.bin" for i in range(two_rounds)), first_rounds
+    # The first two rounds (4 new connections, then those 4 again and 12 new ones) went to the
+    # 20 oldest reads; the late read waited its turn behind the rest.
+    first_rounds = http_server.raw_paths[:20]
+    assert sorted(first_rounds) == sorted(f"/{i}.bin" for i in range(20)), first_rounds
     assert sorted(http_server.raw_paths) == sorted([*(f"/{i}.bin" for i in range(40)), "/late.bin"])
 
 

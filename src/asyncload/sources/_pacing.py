@@ -12,7 +12,7 @@ when the connection fails, or after ``grace`` seconds, so that a slow but health
 first response takes longer than ``grace``) still gets its pool filled quickly: ``burst``
 connections every ``grace`` seconds at the slowest.
 
-Slow start costs round trips: at 50 ms per request a pool of 128 takes ~3 of them to fill, and
+Slow start costs round trips: at 50 ms per request a pool of 128 takes ~5 of them to fill, and
 every pass of a loader starts new worker processes with empty pools. So a process remembers how
 many kept-alive connections each host has held at once (``learned``; a worker's count rides to
 the main process in its stats as ``connections:<host>:<port>``), the main process hands what its
@@ -42,7 +42,6 @@ from .._metrics import note_count, note_level
 
 __all__ = [
     "BURST",
-    "GROWTH",
     "SYN_RETRY",
     "TRUSTED_BURST",
     "PacedConnector",
@@ -64,13 +63,6 @@ __all__ = [
 # 64 requests instead of 1.6 s. (4 per process before: the same 8 with 2 workers, 32 with 8.)
 BURST = 8
 MIN_BURST = 2
-# New connections in flight that every kept-alive connection the server has answered on earns
-# (slow start): a healthy pool grows sevenfold per round trip, so that a 2-worker loader's first
-# batch of 32 (4 + 28) comes in two round trips, not three (a whole run of 4,096 objects at
-# 50 ms: first batch 0.17-0.22 s instead of 0.21-0.26 s). A server that closes each connection
-# (HTTP/1.0, http.server) earns none. A small backlog overflows as the pool outgrows it at any
-# growth, a round trip sooner here (at 2 the pool tripled): the cap (``SYN_RETRY``) catches it.
-GROWTH = 6
 # Seconds after which a connection with no response gives its slot back anyway (a stalled
 # server must not hold up new connections for good); the first SYN retry comes at 1 s.
 GRACE = 1.0
@@ -78,7 +70,7 @@ GRACE = 1.0
 # doc). A pass's whole window goes out at its start: its first batch alone, the rest at most 10 ms
 # later (``_engine._map.HEAD_START``). Held to 32, the rest left only as the first responses came
 # in, and sending them took the CPU that reading the head batch needed. 128 is the default
-# max_concurrency (a worker's pool); the slow start that proved n had about 6n/7 new connections
+# max_concurrency (a worker's pool); the slow start that proved n had about 2n/3 new connections
 # in flight at once already, and a host whose accept queue overflows is capped (``SYN_RETRY``).
 TRUSTED_BURST = 128
 # Seconds a connect takes when its first SYN was dropped: the kernel retries after 1 s (then 3 s).
@@ -189,11 +181,11 @@ class _Host:
         self.woken = 0  # waiters told to go that have not run yet: they keep their turn
 
     def limit(self, burst: int) -> int:
-        # Slow start (GROWTH): every kept-alive connection the server has answered on earns
-        # more new connections in flight; a server that closes after each response (HTTP/1.0,
-        # http.server) stays at `burst`.
+        # Slow start: every kept-alive connection the server has answered on earns two more
+        # new connections in flight, so a healthy pool triples per round trip; a server that
+        # closes after each response (HTTP/1.0, http.server) stays at `burst`.
         self.proven = {p for p in self.proven if p.is_connected() and not p.should_close}
-        limit = max(burst + GROWTH * len(self.proven), self.trusted)
+        limit = max(burst + 2 * len(self.proven), self.trusted)
         cap = _caps.get(self.key)  # the process's: a hedge session's overflow counts too
         return limit if cap is None else min(limit, cap)
 
