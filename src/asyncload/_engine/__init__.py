@@ -92,7 +92,6 @@ class Engine(MapFetching, IterFetching):
         self._tasks.clear()
         self._iter_requests = asyncio.Queue()
         self._batches = asyncio.Queue()
-        self._line.clear()
         self._sem = asyncio.Semaphore(self.cfg.max_concurrency)
         self.recorder.in_flight = 0
 

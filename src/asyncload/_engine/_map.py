@@ -93,12 +93,13 @@ class MapFetching(EngineCore):
                 return item
         return None
 
-    async def _run_slot(self, item: tuple[_Batch, int, Any] | None) -> None:
-        """Fetch *item*, then the samples next in line, in this task, holding one slot.
+    async def _run_slot(self, first: tuple[_Batch, int, Any]) -> None:
+        """Fetch *first*, then the samples next in line, in this task, holding one slot.
 
         Handing the slot on here, rather than releasing it to the starter that then starts
         a task, saves the next sample two turns of a busy loop (1-2 ms of its ~55 at 50 ms).
         """
+        item: tuple[_Batch, int, Any] | None = first
         handed_on = False
         try:
             while item is not None:

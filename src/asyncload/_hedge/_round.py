@@ -189,7 +189,7 @@ async def _race(
     copies: list[asyncio.Future[T]] = [primary, _send(start)]
     try:
         return await _await_copies(
-            start, tracker, copies, set(copies), 1 + min(spare, _MAX_HEDGES), loop.time(), None
+            start, tracker, copies, 1 + min(spare, _MAX_HEDGES), loop.time(), None
         )
     finally:
         # The primary's latency is at least this long: a lower bound keeps the percentile honest.
@@ -198,21 +198,27 @@ async def _race(
             _cancel(fut)
 
 
+def _count_win() -> None:
+    """A hedge answered first."""
+    global _won
+    _won += 1
+    note_count("hedges_won")
+
+
 async def _await_copies(
     start: Callable[[], Awaitable[T]],
     tracker: _Prefix,
     copies: list[asyncio.Future[T]],
-    pending: set[asyncio.Future[T]],
     most: int,
     last: float,
     failure: AttemptFailed | None,
     ran_in_place: int = 0,
 ) -> tuple[T, int]:
-    """Wait for *pending* of the round's *copies* (the first is the primary, unless it ran in
+    """Wait for the round's *copies*, done ones too (the first is the primary, unless it ran in
     place: ``ran_in_place=1``, and failed with *failure*); send another copy, up to *most*
     requests, when every copy out has straggled a delay since the *last* one went out."""
-    global _won
     loop = asyncio.get_running_loop()
+    pending = set(copies)
     # A hedge straggles too, one time in a hundred: with ~40 stragglers a run, one of them in
     # three. Both copies then hold their batch until the primary answers (0.5-2 s). So a round
     # may send one more copy, a delay after the last, when the attempts and the bucket allow.
@@ -236,8 +242,7 @@ async def _await_copies(
             exc = fut.exception()
             if exc is None:
                 if ran_in_place or fut is not copies[0]:
-                    _won += 1
-                    note_count("hedges_won")
+                    _count_win()
                 return fut.result(), len(copies) + ran_in_place
             if not isinstance(exc, AttemptFailed):
                 raise exc
@@ -272,9 +277,7 @@ class _InPlace:
         "tracker",
     )
 
-    def __init__(
-        self, start: Callable[[], Awaitable[Any]], tracker: _Prefix, spare: int, delay: float
-    ) -> None:
+    def __init__(self, start: Callable[[], Awaitable[Any]], tracker: _Prefix, spare: int) -> None:
         task = asyncio.current_task()
         assert task is not None
         self.task = task
@@ -291,7 +294,7 @@ class _InPlace:
         self.interrupted = False  # this round cancelled the caller's task
         loop = asyncio.get_running_loop()
         self.last = loop.time()
-        self.timer: asyncio.TimerHandle | None = loop.call_later(delay, self._due)
+        self.timer: asyncio.TimerHandle | None = loop.call_later(tracker.delay, self._due)
 
     def _due(self) -> None:
         """Every copy out has straggled a delay: send another one, if the bucket allows."""
@@ -346,9 +349,8 @@ async def _race_in_place(
     its caller (1-2 ms of a sample's ~55 at 50 ms); here only a timer does, and a hedge, one
     request in twenty at most, gets a task.
     """
-    global _won
     loop = asyncio.get_running_loop()
-    round_ = _InPlace(start, tracker, spare, tracker.delay)
+    round_ = _InPlace(start, tracker, spare)
     try:
         try:
             result = await start()
@@ -367,14 +369,7 @@ async def _race_in_place(
                 # Every hedge, those done too: one may have answered in this same turn, before
                 # its callback ran.
                 return await _await_copies(
-                    start,
-                    tracker,
-                    round_.hedges,
-                    set(round_.hedges),
-                    round_.most,
-                    round_.last,
-                    failure,
-                    1,
+                    start, tracker, round_.hedges, round_.most, round_.last, failure, 1
                 )
         except BaseException:
             round_.stop()
@@ -388,8 +383,7 @@ async def _race_in_place(
             if isinstance(exc, AttemptFailed):
                 exc.requests = 1 + len(round_.hedges)
             raise exc
-        _won += 1
-        note_count("hedges_won")
+        _count_win()
         return outcome.result(), 1 + len(round_.hedges)
     finally:
         tracker.observe(loop.time() - began, policy)
