@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import functools
 import http.server
@@ -11,7 +12,9 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import aiohttp
 import pytest
 
 import asyncload
@@ -141,11 +144,155 @@ async def test_waiting_requests_take_returned_connections_first_come_first_serve
         assert await reads == [bytes([i]) * 100 for i in range(40)]
     finally:
         await _storage.aclose()
-    # The first two rounds (4 new connections, then those 4 again and 12 new ones) went to the
-    # 20 oldest reads; the late read waited its turn behind the rest.
+    # The first two rounds (4 new connections, then those 4 again and 12 or 28 new ones) went to
+    # the 20 oldest reads; the late read waited its turn behind the rest.
     first_rounds = http_server.raw_paths[:20]
     assert sorted(first_rounds) == sorted(f"/{i}.bin" for i in range(20)), first_rounds
     assert sorted(http_server.raw_paths) == sorted([*(f"/{i}.bin" for i in range(40)), "/late.bin"])
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(30)
+async def test_a_host_that_answers_its_first_burst_together_grows_faster(
+    http_server: ObjectServer,
+) -> None:
+    # The first burst (4) comes back together: each of its kept-alive connections earns
+    # QUICK_GROWTH new ones, so the second round holds those 4 and 4 + 24 new requests (with
+    # GROWTH, 4 and 4 + 8).
+    urls = [http_server.put(f"{i}.bin", bytes([i]) * 100) for i in range(64)]
+    http_server.latency = LATENCY
+    _storage.configure(http_server.url, hedge=None)
+    _storage.set_pool_size(64)
+    _pacing.share(2)
+    reads = asyncio.gather(*(asyncload.read(u) for u in urls))
+    t0 = time.monotonic()
+    peak = 0
+    while time.monotonic() < t0 + LATENCY * 1.8:
+        if time.monotonic() > t0 + LATENCY * 1.2:  # the second round is under way
+            peak = max(peak, http_server.active)
+        await asyncio.sleep(0.005)
+    try:
+        assert await reads == [bytes([i]) * 100 for i in range(64)]
+    finally:
+        await _storage.aclose()
+    assert peak == 4 + 4 + _pacing.QUICK_GROWTH * 4
+
+
+@pytest.mark.timeout(10)
+def test_a_first_burst_answered_together_is_told_from_one_answered_in_turn() -> None:
+    def quick(*latencies: float | None) -> bool | None:
+        host = _pacing._Host("example.com:80")
+        for latency in latencies:
+            host.answered(latency, 4)
+        return host.quick
+
+    assert quick(0.050, 0.051, 0.052, 0.0535) is True  # jitter
+    assert quick(0.050, 0.051, 0.052) is None  # not the whole burst yet
+    # One accept every 50 ms: each first response a queue's wait later than the last.
+    assert quick(0.050, 0.100, 0.150, 0.200) is False
+    assert quick(0.0003, 0.0006, 0.002, 0.040) is False  # one of them waited
+    assert quick(0.050, None) is False  # a first response that never came
+    assert quick(0.050, 0.200, 0.050, 0.050, 0.050, 0.050) is False  # decided once
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(30)
+async def test_a_host_that_accepts_slowly_keeps_the_slow_growth(
+    slow_accept: SlowAcceptServer,
+) -> None:
+    # One accept() every 50 ms: the burst's first responses come one after another, and each
+    # proven connection earns GROWTH new ones, not QUICK_GROWTH (a burst at a full queue).
+    connector = _pacing.PacedConnector(limit=16, burst=4)
+    async with aiohttp.ClientSession(connector=connector) as session:
+
+        async def get(i: int) -> bytes:
+            async with session.get(f"{slow_accept.url}/{i}") as resp:
+                connector.settle(resp)
+                return await resp.read()
+
+        got = await asyncio.gather(*(get(i) for i in range(4)))
+        assert got == [bytes([i]) * 100 for i in range(4)]
+        host = connector._pace_hosts["127.0.0.1", int(slow_accept.key.rsplit(":", 1)[1])]
+        assert host.quick is False
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(30)
+async def test_new_connections_start_a_few_per_turn_of_the_loop(http_server: ObjectServer) -> None:
+    # A trusted host may get 48 new connections at once; they start PER_TURN per turn of the
+    # loop, first come first served, so that other work (a head batch's last samples) runs
+    # between them.
+    urls = [http_server.put(f"{i}.bin", bytes([i]) * 100) for i in range(48)]
+    http_server.latency = 0.05
+    key = _key(http_server)
+    _pacing.trust({key: 48})
+    turn = 0
+    ticking = True
+
+    def tick() -> None:
+        nonlocal turn
+        turn += 1
+        if ticking:
+            asyncio.get_running_loop().call_soon(tick)
+
+    started: list[tuple[int, str]] = []
+
+    class Recording(_pacing.PacedConnector):
+        async def _wrap_create_connection(self, *args: Any, req: Any, **kwargs: Any) -> Any:
+            started.append((turn, req.url.path))  # the connect itself starts now
+            return await super()._wrap_create_connection(*args, req=req, **kwargs)
+
+    connector = Recording(limit=64, burst=4)
+    asyncio.get_running_loop().call_soon(tick)
+    try:
+        async with aiohttp.ClientSession(connector=connector) as session:
+
+            async def get(url: str) -> bytes:
+                async with session.get(url) as resp:
+                    connector.settle(resp)
+                    return await resp.read()
+
+            got = await asyncio.gather(*(get(u) for u in urls))
+    finally:
+        ticking = False
+    assert got == [bytes([i]) * 100 for i in range(48)]
+    per_turn = collections.Counter(t for t, _ in started)
+    assert len(started) == 48
+    assert max(per_turn.values()) == _pacing.PER_TURN
+    assert len(per_turn) >= 48 // _pacing.PER_TURN
+    assert [p for _, p in started] == [f"/{i}.bin" for i in range(48)]  # in the order asked
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(30)
+async def test_a_request_cancelled_while_waiting_for_its_turn_gives_it_back(
+    http_server: ObjectServer,
+) -> None:
+    urls = [http_server.put(f"{i}.bin", bytes([i]) * 100) for i in range(40)]
+    http_server.latency = 0.05
+    key = _key(http_server)
+    _pacing.trust({key: 40})
+    connector = _pacing.PacedConnector(limit=64, burst=4)
+    async with aiohttp.ClientSession(connector=connector) as session:
+
+        async def get(url: str) -> bytes:
+            async with session.get(url) as resp:
+                connector.settle(resp)
+                return await resp.read()
+
+        tasks = [asyncio.ensure_future(get(u)) for u in urls]
+        await asyncio.sleep(0)  # they start, and most wait for a turn
+        assert len(connector._pace_turn_waiters) == 40 - _pacing.PER_TURN
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        host = connector._pace_hosts["127.0.0.1", http_server.port]
+        assert host.pending == 0
+        assert not connector._pace_turn_waiters
+        # Nothing was lost: new requests still get their turns and their bytes.
+        assert await asyncio.gather(*(get(u) for u in urls[:20])) == [
+            bytes([i]) * 100 for i in range(20)
+        ]
 
 
 @pytest.mark.asyncio
