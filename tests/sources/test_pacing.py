@@ -121,7 +121,7 @@ def test_a_pass_teaches_the_next_one(http_server: ObjectServer) -> None:
 @pytest.mark.asyncio
 @pytest.mark.timeout(30)
 async def test_waiting_requests_take_returned_connections_first_come_first_served(
-    http_server: ObjectServer,
+    http_server: ObjectServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # 40 reads wait behind a new host's slow start. A read that comes after the first round's
     # connections went back to the pool must queue behind them, not take one of those idle
@@ -133,6 +133,9 @@ async def test_waiting_requests_take_returned_connections_first_come_first_serve
     _storage.configure(http_server.url, hedge=None)  # a hedge would be one more request
     _storage.set_pool_size(64)
     _pacing.share(2)  # one of 2 workers: a burst of 4, so that 40 reads take several rounds
+    # Rounds of 4 and 16 whatever the spread of the first burst's answers (x7 growth would put
+    # 32 in the second round, of which the server may take any 16 first).
+    monkeypatch.setattr(_pacing, "QUICK_GROWTH", _pacing.GROWTH)
     assert _pacing.first_burst() == 4
     reads = asyncio.gather(*(asyncload.read(u) for u in urls))
     deadline = time.monotonic() + 10
@@ -144,8 +147,8 @@ async def test_waiting_requests_take_returned_connections_first_come_first_serve
         assert await reads == [bytes([i]) * 100 for i in range(40)]
     finally:
         await _storage.aclose()
-    # The first two rounds (4 new connections, then those 4 again and 12 or 28 new ones) went to
-    # the 20 oldest reads; the late read waited its turn behind the rest.
+    # The first two rounds (4 new connections, then those 4 again and 12 new ones) went to the
+    # 20 oldest reads; the late read waited its turn behind the rest.
     first_rounds = http_server.raw_paths[:20]
     assert sorted(first_rounds) == sorted(f"/{i}.bin" for i in range(20)), first_rounds
     assert sorted(http_server.raw_paths) == sorted([*(f"/{i}.bin" for i in range(40)), "/late.bin"])
@@ -191,6 +194,8 @@ def test_a_first_burst_answered_together_is_told_from_one_answered_in_turn() -> 
     # One accept every 50 ms: each first response a queue's wait later than the last.
     assert quick(0.050, 0.100, 0.150, 0.200) is False
     assert quick(0.0003, 0.0006, 0.002, 0.040) is False  # one of them waited
+    # One accept every 15 ms, each answered 900 ms later: slow responses hide no queue.
+    assert quick(0.900, 0.915, 0.930, 0.945) is False
     assert quick(0.050, None) is False  # a first response that never came
     assert quick(0.050, 0.200, 0.050, 0.050, 0.050, 0.050) is False  # decided once
 
@@ -261,6 +266,91 @@ async def test_new_connections_start_a_few_per_turn_of_the_loop(http_server: Obj
     assert max(per_turn.values()) == _pacing.PER_TURN
     assert len(per_turn) >= 48 // _pacing.PER_TURN
     assert [p for _, p in started] == [f"/{i}.bin" for i in range(48)]  # in the order asked
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(30)
+async def test_a_host_whose_first_connect_fails_keeps_the_slow_growth() -> None:
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    connector = _pacing.PacedConnector(limit=16, burst=4)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        with pytest.raises(aiohttp.ClientConnectorError):
+            await session.get(f"http://127.0.0.1:{port}/0")
+        assert connector._pace_hosts["127.0.0.1", port].quick is False
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(30)
+async def test_a_late_request_gets_its_turn_when_those_let_go_before_it_are_cancelled(
+    http_server: ObjectServer,
+) -> None:
+    # A turn lets 8 waiting requests go; one more comes before they run, and joins the line;
+    # then the 8 are cancelled. Their budget comes back, and the late request must still get
+    # a turn (it waited for ever, and every new connection behind it).
+    for i in range(100):
+        http_server.put(f"{i}.bin", bytes([i]) * 100)
+    http_server.latency = 0.05
+    _pacing.trust({_key(http_server): 64})  # room for all: the turns are the only limit
+    connector = _pacing.PacedConnector(limit=64, burst=4)
+    async with aiohttp.ClientSession(connector=connector) as session:
+
+        async def get(i: int) -> bytes:
+            async with session.get(f"{http_server.url}/{i}.bin") as resp:
+                connector.settle(resp)
+                return await resp.read()
+
+        first = [asyncio.ensure_future(get(i)) for i in range(16)]
+        await asyncio.sleep(0)
+        assert len(connector._pace_turn_waiters) == 8
+        late = asyncio.ensure_future(get(99))
+        loop = asyncio.get_running_loop()
+        loop.call_soon(lambda: [t.cancel() for t in first[8:]])  # after the refill lets them go
+        assert await asyncio.wait_for(late, 5) == bytes([99]) * 100
+        await asyncio.gather(*first, return_exceptions=True)
+        more = await asyncio.wait_for(asyncio.gather(*(get(i) for i in range(20))), 5)
+        assert more == [bytes([i]) * 100 for i in range(20)]
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("trusted", [True, False], ids=["waiting-for-a-turn", "slow-start"])
+async def test_closing_the_connector_fails_the_requests_that_wait_at_once(
+    http_server: ObjectServer, trusted: bool
+) -> None:
+    for i in range(40):
+        http_server.put(f"{i}.bin", bytes([i]) * 100)
+    http_server.latency = 0.3
+    if trusted:  # 40 at once: 8 go, 32 wait for their turns
+        _pacing.trust({_key(http_server): 64})
+    # else the slow start's burst (4) goes, 36 wait for room
+    opened_after_close = 0
+
+    class Counting(_pacing.PacedConnector):
+        async def _wrap_create_connection(self, *args: Any, **kwargs: Any) -> Any:
+            nonlocal opened_after_close
+            opened_after_close += self._closed
+            return await super()._wrap_create_connection(*args, **kwargs)
+
+    connector = Counting(limit=64, burst=4)
+    session = aiohttp.ClientSession(connector=connector)
+
+    async def get(i: int) -> bytes:
+        async with session.get(f"{http_server.url}/{i}.bin") as resp:
+            return await resp.read()
+
+    tasks = [asyncio.ensure_future(get(i)) for i in range(40)]
+    await asyncio.sleep(0)
+    host = connector._pace_hosts["127.0.0.1", http_server.port]
+    assert len(connector._pace_turn_waiters if trusted else host.waiters) >= 32
+    await session.close()
+    done, pending = await asyncio.wait(tasks, timeout=2)
+    assert not pending  # none waits on (for a grace period, or for ever)
+    for task in done:
+        assert isinstance(task.exception(), aiohttp.ClientConnectionError)
+    assert opened_after_close == 0
+    assert host.pending == 0
 
 
 @pytest.mark.asyncio

@@ -17,7 +17,7 @@ answered together (their first responses' latencies within ``QUICK_SPREAD``), wh
 accepts a connection every few milliseconds answers them one after another, each later by that
 much. A host whose first burst came back together grows faster (``QUICK_GROWTH``), so that a
 loader's first batch takes two round trips instead of three; any other keeps the slower growth.
-However many it may open, a connector starts at most ``PER_TURN`` new connections per turn of
+However many it may open, a connector starts about ``PER_TURN`` new connections per turn of
 the event loop, first come first served.
 
 Slow start costs round trips: at 50 ms per request a pool of 128 takes ~5 of them to fill, and
@@ -97,16 +97,17 @@ SYN_RETRY = 0.9
 # sent six more SYNs at its full queue. Its first burst is not answered together.
 GROWTH = 2
 QUICK_GROWTH = 6
-# New connections a connector starts in one turn of the event loop, at most. The slow start
+# New connections a connector starts per turn of the event loop (a budget that a callback refills
+# once a turn: one turn may use the rest of the last budget and the new one). The slow start
 # grants dozens at once, the moment the head batch's responses prove their connections: started
 # in one turn, their connects and requests (~0.2 ms of CPU each) ran ahead of the head batch's
 # last steps, which waited 15-50 ms for them. Held to this many a turn, they interleave.
 PER_TURN = 8
 # A first burst was answered together if its first responses' latencies (from each connect's
-# start) lie within QUICK_SPREAD seconds plus QUICK_SHARE of the shortest: jitter, not a queue.
-# Accepting a connection every 2.5 ms or slower spreads a burst of 4 over more than 7.5 ms.
-QUICK_SPREAD = 0.005
-QUICK_SHARE = 0.05
+# start) lie within QUICK_SPREAD seconds of each other: jitter, not a queue. Accepting one
+# connection every 10 ms or slower spreads any two of them further. (Not a share of the
+# latency: a server that accepts every 15 ms and answers in 900 ms would pass 5% of it.)
+QUICK_SPREAD = 0.010
 # The stats counters that a worker's proven connections and caps per host ride in:
 # "connections:host:port" and "burst:host:port".
 COUNTER = "connections:"
@@ -257,8 +258,7 @@ class _Host:
             return
         self.firsts.append(latency)
         if len(self.firsts) >= max(burst, 2):
-            shortest = min(self.firsts)
-            self.quick = max(self.firsts) - shortest <= QUICK_SPREAD + QUICK_SHARE * shortest
+            self.quick = max(self.firsts) - min(self.firsts) <= QUICK_SPREAD
             self.firsts = []
 
     def overflowed(self, under_way: int) -> None:
@@ -321,10 +321,33 @@ class PacedConnector(aiohttp.TCPConnector):
         host = self._pace_host(req.host, req.port)
         if host.waiters or host.woken or not self._pace_can_go(key, host):
             await self._pace_wait(key, host, first=False)
+            self._pace_check_open()
             while not self._pace_can_go(key, host):  # woken, then beaten to it: keep the turn
                 await self._pace_wait(key, host, first=True)
+                self._pace_check_open()
             self._pace_wake(key, host)  # room for more than this one: pass it down the line
         return await super().connect(req, traces, timeout)
+
+    def _pace_check_open(self) -> None:
+        if self._closed:  # closed while this request waited (see _close)
+            raise aiohttp.ClientConnectionError("Connector is closed.")
+
+    def _close(self, *args: Any, **kwargs: Any) -> Any:
+        # aiohttp cancels the requests waiting for its own limit; those waiting here are let go
+        # at once instead (not cancelled: their callers did not ask for that), and fail as a
+        # closed connector's requests do, without opening a connection.
+        result = super()._close(*args, **kwargs)
+        for host in self._pace_hosts.values():
+            host.wake(len(host.waiters))
+            for grace, _ in host.unproven.values():
+                grace.cancel()
+            host.unproven.clear()
+        self._pace_host_of.clear()
+        while self._pace_turn_waiters:
+            waiter = self._pace_turn_waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+        return result
 
     async def _pace_wait(self, key: Any, host: _Host, *, first: bool) -> None:
         waiter = asyncio.get_running_loop().create_future()
@@ -349,21 +372,26 @@ class PacedConnector(aiohttp.TCPConnector):
         # connect() kept the line; this only holds a request whose idle connection was stale.
         while host.room(self._pace_burst) <= 0:
             await self._pace_wait(key, host, first=True)
+            self._pace_check_open()
         host.pending += 1
         under_way = host.pending + len(host.unproven)
         loop = asyncio.get_running_loop()
+        started = 0.0
+        connecting = False
         try:
             if self._pace_turn_left > 0 and not self._pace_turn_waiters:
                 self._pace_turn_left -= 1
+                self._pace_refill_soon(loop)
             else:
                 await self._pace_next_turn(loop)  # the refill counts it
-            if not self._pace_refill_due:
-                self._pace_refill_due = True
-                loop.call_soon(self._pace_refill)
+                self._pace_check_open()
             started = loop.time()
+            connecting = True
             proto = await super()._create_connection(req, traces, timeout)
-        except BaseException:
+        except BaseException as exc:
             host.pending -= 1
+            if connecting and isinstance(exc, Exception):
+                host.answered(None, self._pace_burst)  # a connect that failed: no quick growth
             self._pace_wake(key, host)
             raise
         host.pending -= 1
@@ -378,6 +406,7 @@ class PacedConnector(aiohttp.TCPConnector):
         """Wait, in line, for a turn of the loop with room for one more new connection."""
         waiter = loop.create_future()
         self._pace_turn_waiters.append(waiter)
+        self._pace_refill_soon(loop)  # whatever the budget: one is always due while any wait
         try:
             await waiter
         except BaseException:
@@ -386,6 +415,11 @@ class PacedConnector(aiohttp.TCPConnector):
             else:
                 waiter.cancel()
             raise
+
+    def _pace_refill_soon(self, loop: asyncio.AbstractEventLoop) -> None:
+        if not self._pace_refill_due:
+            self._pace_refill_due = True
+            loop.call_soon(self._pace_refill)
 
     def _pace_refill(self) -> None:
         """A new turn of the loop: ``PER_TURN`` more new connections, first to those waiting."""
@@ -398,8 +432,7 @@ class PacedConnector(aiohttp.TCPConnector):
                 waiter.set_result(None)
                 self._pace_turn_left -= 1
         if waiters:  # still waiting: the next turn lets more go
-            self._pace_refill_due = True
-            asyncio.get_running_loop().call_soon(self._pace_refill)
+            self._pace_refill_soon(asyncio.get_running_loop())
 
     def _pace_wake(self, key: Any, host: _Host) -> None:
         """Wake as many waiters as there are idle connections and room for new ones."""
