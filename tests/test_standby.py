@@ -252,3 +252,21 @@ def test_a_standby_of_another_shape_is_not_used() -> None:
     assert all(p.is_alive() for p in standby.procs)
     standby.close()
     assert not any(p.is_alive() for p in standby.procs)
+
+
+@pytest.mark.usefixtures("clean_storage")
+def test_standby_processes_build_stores_under_the_environment_the_main_process_has_now(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pytest.importorskip("obstore", reason="obstore (asyncload-torch[s3]) is not installed")
+    asyncload.configure("s3://asyncload-standby", endpoint="http://127.0.0.1:9", region="r")
+    first = asyncload.DataLoader(StoresBuilt(), batch_size=None, num_workers=1)
+    assert len(list(first)) == 2  # the workers' server runs, with the environment of now
+    del first
+    gc.collect()
+    # Set after the server started: its children have the old environment until their pass
+    # gives them the main process's. Stores a standby built under the old one would be
+    # dropped then (they read AWS_*), and built again in front of the first sample.
+    monkeypatch.setenv("AWS_REGION", "set-after-the-server-started")
+    loader = asyncload.DataLoader(StoresBuilt(), batch_size=None, num_workers=1)
+    assert [tuple(t) for t in loader] == [(1, 1), (1, 1)]

@@ -133,11 +133,13 @@ class Standing:
     """A standby worker's argument instead of its config (``_workers._standby``): the config
     comes later, pickled, on its index queue; meanwhile it watches *main_pid* and builds the
     storage clients of *storage* (the main process's settings when it was started) with
-    *pool_size* connections per host, the pass's ``max_concurrency``."""
+    *pool_size* connections per host, the pass's ``max_concurrency``, under *environ* (the main
+    process's environment then: a forkserver's child has the server's, frozen when it started)."""
 
     main_pid: int
     storage: StorageConfig | None = None
     pool_size: int = 0
+    environ: dict[str, str] | None = None
 
 
 # ── worker → main ─────────────────────────────────────────────────────────────────────────────

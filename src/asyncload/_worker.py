@@ -208,6 +208,9 @@ def _await_config(standing: Standing, index_queue: Any, done_event: Any) -> Any:
     # obstore client 7-17 ms.
     torch.set_num_threads(1)
     _reseed(0, 0)
+    if standing.environ is not None:  # clients read it: build them under the pass's, most likely
+        os.environ.clear()
+        os.environ.update(standing.environ)
     if standing.storage is not None:
         try:
             _storage.prewarm(standing.storage, standing.pool_size)

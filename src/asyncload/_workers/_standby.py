@@ -63,7 +63,7 @@ class Standby:
         self.result_queue = context.Queue()
         self.index_queues: list[Any] = []
         self.procs: list[Any] = []
-        standing = Standing(os.getpid(), storage, pool_size)
+        standing = Standing(os.getpid(), storage, pool_size, dict(os.environ))
         try:
             for worker_id in range(count):
                 index_queue = context.Queue()
