@@ -10,7 +10,7 @@ import http.server
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +47,15 @@ async def _peak_within(server: ObjectServer, urls: list[str], seconds: float) ->
     finally:
         await _storage.aclose()
     return peak
+
+
+async def _paced_get(session: aiohttp.ClientSession, url: str) -> bytes:
+    """GET *url* as the HTTP backend does: its connector learns of the first response."""
+    async with session.get(url) as resp:
+        connector = session.connector
+        assert isinstance(connector, _pacing.PacedConnector)
+        connector.settle(resp)
+        return await resp.read()
 
 
 @pytest.mark.asyncio
@@ -209,13 +218,9 @@ async def test_a_host_that_accepts_slowly_keeps_the_slow_growth(
     # proven connection earns GROWTH new ones, not QUICK_GROWTH (a burst at a full queue).
     connector = _pacing.PacedConnector(limit=16, burst=4)
     async with aiohttp.ClientSession(connector=connector) as session:
-
-        async def get(i: int) -> bytes:
-            async with session.get(f"{slow_accept.url}/{i}") as resp:
-                connector.settle(resp)
-                return await resp.read()
-
-        got = await asyncio.gather(*(get(i) for i in range(4)))
+        got = await asyncio.gather(
+            *(_paced_get(session, f"{slow_accept.url}/{i}") for i in range(4))
+        )
         assert got == [bytes([i]) * 100 for i in range(4)]
         host = connector._pace_hosts["127.0.0.1", int(slow_accept.key.rsplit(":", 1)[1])]
         assert host.quick is False
@@ -251,13 +256,7 @@ async def test_new_connections_start_a_few_per_turn_of_the_loop(http_server: Obj
     asyncio.get_running_loop().call_soon(tick)
     try:
         async with aiohttp.ClientSession(connector=connector) as session:
-
-            async def get(url: str) -> bytes:
-                async with session.get(url) as resp:
-                    connector.settle(resp)
-                    return await resp.read()
-
-            got = await asyncio.gather(*(get(u) for u in urls))
+            got = await asyncio.gather(*(_paced_get(session, u) for u in urls))
     finally:
         ticking = False
     assert got == [bytes([i]) * 100 for i in range(48)]
@@ -296,10 +295,8 @@ async def test_a_late_request_gets_its_turn_when_those_let_go_before_it_are_canc
     connector = _pacing.PacedConnector(limit=64, burst=4)
     async with aiohttp.ClientSession(connector=connector) as session:
 
-        async def get(i: int) -> bytes:
-            async with session.get(f"{http_server.url}/{i}.bin") as resp:
-                connector.settle(resp)
-                return await resp.read()
+        def get(i: int) -> Coroutine[Any, Any, bytes]:
+            return _paced_get(session, f"{http_server.url}/{i}.bin")
 
         first = [asyncio.ensure_future(get(i)) for i in range(16)]
         await asyncio.sleep(0)
@@ -364,12 +361,7 @@ async def test_a_request_cancelled_while_waiting_for_its_turn_gives_it_back(
     _pacing.trust({key: 40})
     connector = _pacing.PacedConnector(limit=64, burst=4)
     async with aiohttp.ClientSession(connector=connector) as session:
-
-        async def get(url: str) -> bytes:
-            async with session.get(url) as resp:
-                connector.settle(resp)
-                return await resp.read()
-
+        get = functools.partial(_paced_get, session)
         tasks = [asyncio.ensure_future(get(u)) for u in urls]
         await asyncio.sleep(0)  # they start, and most wait for a turn
         assert len(connector._pace_turn_waiters) == 40 - _pacing.PER_TURN
