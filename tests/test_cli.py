@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+import types
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,7 @@ def _num(cell: str) -> float:
 def test_demo_end_to_end_table_is_consistent() -> None:
     # The real entry point, in a fresh interpreter: `python -m asyncload demo`.
     steps, batch = 3, 8
-    args = [f"--steps={steps}", f"--batch-size={batch}", "--workers=1", "--latency=0.005"]
+    args = [f"--steps={steps}", f"--batch-size={batch}", "--workers=1", "--latency=5"]
     args += ["--objects=20", "--progress=always"]
     proc = subprocess.run(
         [sys.executable, "-m", "asyncload", "demo", *args],
@@ -214,6 +215,9 @@ def test_credentials_are_redacted(capsys: pytest.CaptureFixture[str]) -> None:
         (["demo", "--steps=0"], "--steps"),
         (["demo", "--workers=-1"], "--workers"),
         (["demo", "--latency=abc"], "--latency"),
+        (["demo", "--latency=-5"], "--latency"),
+        (["demo", "--latency=5 min"], "--latency"),
+        (["serve", "d", "--latency=fast"], "--latency"),
         (["demo", "--url=s3://b/p/", "--latency=0.1"], "embedded store"),
         (["bench", "s3://b/p/", "--concurrency=8,x"], "--concurrency"),
         (["bench", "s3://b/p/", "--concurrency=,"], "--concurrency"),
@@ -223,6 +227,66 @@ def test_credentials_are_redacted(capsys: pytest.CaptureFixture[str]) -> None:
 )
 def test_bad_options(argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert needle in _fails(argv, capsys)
+
+
+def _demo_latency(
+    argv: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> tuple[float, str]:
+    """The embedded store's latency in seconds that ``demo`` *argv* would run with, and its
+    stderr; the demo itself is replaced by a stub that records its settings."""
+    from asyncload import _demo
+
+    seen: list[Any] = []
+
+    def fake_run_demo(cfg: Any) -> tuple[Any, Any, str]:
+        seen.append(cfg)
+        run = types.SimpleNamespace(exact=True, checksums=[1])
+        return run, run, "table"
+
+    monkeypatch.setattr(_demo, "run_demo", fake_run_demo)
+    assert cli.main(["demo", *argv]) == 0
+    return seen[0].latency, capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "seconds"),
+    [
+        ([], 0.05),
+        (["--latency=50"], 0.05),
+        (["--latency=50ms"], 0.05),
+        (["--latency=0.5ms"], 0.0005),
+        (["--latency=0.2s"], 0.2),
+        (["--latency=0"], 0.0),
+        (["--latency=120"], 0.12),
+    ],
+)
+def test_demo_latency_is_in_milliseconds(
+    argv: list[str],
+    seconds: float,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    latency, err = _demo_latency(argv, monkeypatch, capsys)
+    assert latency == pytest.approx(seconds)
+    assert "FutureWarning" not in err
+
+
+def test_demo_latency_old_seconds_spelling_is_read_as_seconds_and_warned(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `demo --latency 0.05` meant 50 ms before --latency was in milliseconds everywhere.
+    latency, err = _demo_latency(["--latency=0.05"], monkeypatch, capsys)
+    assert latency == pytest.approx(0.05)
+    assert "FutureWarning: --latency is in milliseconds now" in err
+    assert "write --latency 50" in err
+
+
+def test_serve_latency_is_in_milliseconds_with_the_same_spellings() -> None:
+    parser = cli.build_parser()
+    for text, ms in [("50", 50.0), ("0.5", 0.5), ("0.5ms", 0.5), ("0.05s", 50.0)]:
+        args = parser.parse_args(["serve", "some-dir", f"--latency={text}"])
+        assert args.latency.ms == pytest.approx(ms), text
+        assert not args.latency.old_seconds  # serve always took milliseconds
 
 
 @pytest.mark.parametrize("command", ["demo", "bench", "serve"])

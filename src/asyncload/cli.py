@@ -3,8 +3,8 @@
 ``asyncload demo`` shows in under a minute, with nothing to set up, what an event loop per worker
 buys over torch's one-request-at-a-time workers. ``asyncload bench URL`` measures a real store
 and recommends ``max_concurrency`` and ``num_workers`` for it. ``asyncload serve DIR`` serves a
-folder over loopback HTTP with a chosen latency, to try both without cloud credentials. See
-``docs/cli.md``.
+folder over loopback HTTP with a chosen latency, to try both without cloud credentials.
+``--latency`` is in milliseconds in every command (``50``, ``0.5ms``, or seconds as ``0.05s``).
 
 Bad input (a malformed URL, nothing under a prefix, an invalid option) prints one line and exits
 with status 2; a failure while loading prints one line and exits with 1. Neither prints a
@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
-from typing import NoReturn
+from typing import NamedTuple, NoReturn
 
 from . import __version__
 from ._bench import OBJECTIVES
@@ -62,6 +62,41 @@ def _seconds(text: str) -> float:
     if not value >= 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"expected a finite number of seconds ≥ 0, got {text!r}")
     return value
+
+
+class _Latency(NamedTuple):
+    """A ``--latency`` value: milliseconds, and whether it was the demo's old seconds spelling."""
+
+    ms: float
+    old_seconds: bool = False
+
+
+def _latency(*, bare_below_one_is_seconds: bool) -> Callable[[str], _Latency]:
+    """Parse ``--latency``: milliseconds (``50``, ``50ms``, ``0.5ms``) or seconds (``0.05s``).
+
+    ``demo --latency`` took seconds before it took milliseconds, so for it a bare number below 1
+    written with a decimal point (``0.05``) is still read as seconds, and flagged: no store is
+    meant to answer in a twentieth of a millisecond, and ``0.5ms`` says that when it is.
+    """
+
+    def parse(text: str) -> _Latency:
+        raw = text.strip().lower()
+        unit = "ms" if raw.endswith("ms") else "s" if raw.endswith("s") else ""
+        try:
+            value = float(raw[: len(raw) - len(unit)])
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected milliseconds (50, 0.5ms) or seconds (0.05s), got {text!r}"
+            ) from None
+        if not value >= 0 or value == float("inf"):
+            raise argparse.ArgumentTypeError(f"expected a finite latency ≥ 0, got {text!r}")
+        if unit == "s":
+            return _Latency(value * 1e3)
+        if not unit and bare_below_one_is_seconds and "." in raw and 0 < value < 1:
+            return _Latency(value * 1e3, old_seconds=True)
+        return _Latency(value)
+
+    return parse
 
 
 def _int_list(parse: Callable[[str], int]) -> Callable[[str], tuple[int, ...]]:
@@ -127,8 +162,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="asyncload's samples in flight per worker (default: 64)",
     )  # fmt: skip
     demo.add_argument(
-        "--latency", metavar="SECONDS", type=_seconds, default=None,
-        help="embedded store: seconds before each response (default: 0.05)",
+        "--latency", metavar="MS", type=_latency(bare_below_one_is_seconds=True), default=None,
+        help=(
+            "embedded store: milliseconds before each response, or seconds with an s suffix "
+            "(0.05s); a bare number below 1 such as 0.05 is the old seconds spelling, still "
+            "read as seconds with a warning (default: 50)"
+        ),
     )  # fmt: skip
     demo.add_argument(
         "--objects", metavar="N", type=_positive_int, default=None,
@@ -191,8 +230,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("dir", metavar="DIR", help="the folder to serve")
     serve.add_argument(
-        "--latency", metavar="MS", type=_seconds, default=0.0,
-        help="milliseconds before each response, a storage round trip (default: 0)",
+        "--latency", metavar="MS", type=_latency(bare_below_one_is_seconds=False),
+        default=_Latency(0.0),
+        help=(
+            "milliseconds before each response, a storage round trip, or seconds with an s "
+            "suffix (default: 0)"
+        ),
     )  # fmt: skip
     serve.add_argument(
         "--port", metavar="N", type=_count, default=8000,
@@ -211,13 +254,21 @@ def _demo(args: argparse.Namespace) -> int:
 
     if args.url is not None and (args.latency is not None or args.objects is not None):
         raise UsageError("--latency and --objects set up the embedded store; drop them with --url")
+    if args.latency is not None and args.latency.old_seconds:
+        print(
+            f"asyncload demo: FutureWarning: --latency is in milliseconds now; "
+            f"{args.latency.ms / 1e3:g} is read as seconds ({args.latency.ms:g} ms), the old "
+            f"unit, until a later release reads it as milliseconds: write --latency "
+            f"{args.latency.ms:g} (or {args.latency.ms / 1e3:g}s)",
+            file=sys.stderr,
+        )
     cfg = DemoConfig(
         url=args.url,
         steps=args.steps,
         batch_size=args.batch_size,
         workers=args.workers,
         max_concurrency=args.max_concurrency,
-        latency=0.05 if args.latency is None else args.latency,
+        latency=0.05 if args.latency is None else args.latency.ms / 1e3,
         objects=1024 if args.objects is None else args.objects,
         seed=args.seed,
         progress=_progress(args.progress),
@@ -303,7 +354,7 @@ def _serve(args: argparse.Namespace) -> int:
     objects = FolderObjects(root)
     try:
         asyncio.run(
-            serve_folder(objects, latency=args.latency / 1e3, host=args.host, port=args.port)
+            serve_folder(objects, latency=args.latency.ms / 1e3, host=args.host, port=args.port)
         )
     except OSError as exc:
         raise UsageError(
