@@ -17,7 +17,8 @@ Examples:
 
 from __future__ import annotations
 
-from ._cache import CacheWarning
+from ._cache import CacheCounts, CacheWarning
+from ._cache import counts as cache_counts
 from ._context import AsyncloadWarning
 from ._dataset import Dataset, IterableDataset
 from ._elastic_iter import ElasticIterable, merge_state_dicts
@@ -41,6 +42,8 @@ from ._exceptions import (
     Timeout,
     WorkerError,
 )
+from ._hedge import HedgeCounts
+from ._hedge import counts as hedge_counts
 from ._loader import DataLoader
 from ._redact import redact_url
 from ._retry import Hedge, Retry
@@ -68,12 +71,14 @@ __all__ = [
     "AsyncloadWarning",
     "BatchTimeout",
     "BlockedLoopWarning",
+    "CacheCounts",
     "CacheWarning",
     "ConnectError",
     "DataLoader",
     "Dataset",
     "ElasticIterable",
     "Hedge",
+    "HedgeCounts",
     "IncompleteRead",
     "InvalidURL",
     "IterableDataset",
@@ -100,9 +105,11 @@ __all__ = [
     "WorkerError",
     "WorkerInfo",
     "aclose",
+    "cache_counts",
     "configure",
     "configure_all",
     "get_worker_info",
+    "hedge_counts",
     "list_files",
     "list_files_async",
     "merge_state_dicts",

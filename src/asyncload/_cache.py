@@ -58,11 +58,15 @@ class CacheWarning(AsyncloadWarning):
 
 @dataclass(frozen=True, slots=True)
 class CacheCounts:
-    """Cache hits and misses of this process since it started (a loader's pass reports its
-    own in ``stats()``)."""
+    """Cache hits and misses of this process since it started.
+
+    Returned by [`asyncload.cache_counts`][asyncload.cache_counts].
+    """
 
     hits: int
+    """Reads served from the local cache directory."""
     misses: int
+    """Reads of a cached prefix that went to the store because the object was not cached."""
 
 
 _hits = 0
@@ -70,7 +74,17 @@ _misses = 0
 
 
 def counts() -> CacheCounts:
-    """Hits and misses of every cache this process has used."""
+    """Hits and misses of every cache (``cache_dir``) this process has used since it started.
+
+    For reads made in this process; worker processes count their own, and a loader's pass
+    reports the sum over its workers as ``loader.stats().cache_hits`` and ``.cache_misses``.
+
+    Examples:
+        >>> import asyncload
+        >>> c = asyncload.cache_counts()
+        >>> c.hits + c.misses >= 0
+        True
+    """
     return CacheCounts(hits=_hits, misses=_misses)
 
 

@@ -217,7 +217,7 @@ class BlockedLoopWarning(AsyncloadWarning):
     ``await asyncio.to_thread(...)``. ``ASYNCLOAD_SLOW_CALLBACK`` sets the threshold in seconds
     (default 0.1; ``0`` turns the check off).
 
-    Example:
+    Examples:
         >>> import warnings, asyncload
         >>> warnings.simplefilter("error", asyncload.BlockedLoopWarning)  # make it fatal
     """

@@ -35,9 +35,6 @@ log = logging.getLogger("asyncload.storage")
 
 T = TypeVar("T")
 
-_DEFAULT_STATUSES = frozenset({429, 500, 502, 503, 504})
-
-
 @dataclass(frozen=True, slots=True)
 class Retry:
     """How often, and how patiently, a failed storage request is tried again.
@@ -66,7 +63,7 @@ class Retry:
     """Longest ``Retry-After`` obeyed, in seconds; a longer one fails the request."""
     deadline: float | None = None
     """Seconds from the first attempt after which no new attempt starts (``None``: no limit)."""
-    statuses: frozenset[int] = _DEFAULT_STATUSES
+    statuses: frozenset[int] = frozenset({429, 500, 502, 503, 504})
     """HTTP statuses that are retried."""
 
     def __post_init__(self) -> None:
@@ -88,7 +85,24 @@ class Retry:
 
 
 class AttemptFailed(Exception):
-    """One attempt failed; raised by a backend, consumed by ``retrying``.
+    """One attempt of a storage backend failed: what a [`Backend`][asyncload.sources.Backend]
+    raises instead of its library's exceptions.
+
+    asyncload decides from it whether to try again (``retryable``, ``status`` against the
+    prefix's [`Retry`][asyncload.Retry], ``retry_after``), counts the retry under ``reason`` in
+    ``loader.stats().retries``, and after the last attempt raises ``kind`` with the message,
+    the URL (credentials redacted) and the number of attempts.
+
+    Examples:
+        >>> import asyncload
+        >>> from asyncload.sources import AttemptFailed
+        >>> failure = AttemptFailed(
+        ...     asyncload.ServerError, "the store is busy", status=503, retryable=True,
+        ...     reason="503", retry_after=1.0,
+        ... )
+        >>> failure.retryable, failure.status
+        (True, 503)
+        >>> raise AttemptFailed(asyncload.NotFound, "no such object", status=404)  # doctest: +SKIP
 
     Attributes:
         kind: The public error class to raise if this is the last attempt.
@@ -98,7 +112,7 @@ class AttemptFailed(Exception):
         reason: The short key retries are counted under (``"503"``, ``"timeout"``, ...).
         retry_after: Seconds the server asked us to wait, if it did.
         requests: Requests this failure stands for: 2 when a hedged twin failed as well
-            (``_hedge``); each one counts as an attempt.
+            (a hedged read); each one counts as an attempt.
     """
 
     def __init__(

@@ -111,7 +111,8 @@ async def read(url: str, *, start: int | None = None, end: int | None = None) ->
     Raises:
         NotFound: The object does not exist (a ``FileNotFoundError``).
         PermissionDenied: Missing or refused credentials (a ``PermissionError``).
-        StorageError: Any other failure, after the retries; see ``asyncload._exceptions``.
+        StorageError: Any other failure, after the retries: a subclass that says which
+            (``ServerError``, ``RequestTimeout``, ``ConnectError``, ...).
 
     Examples:
         >>> header = await asyncload.read("s3://bucket/shard-0001.tar", end=512)  # doctest: +SKIP

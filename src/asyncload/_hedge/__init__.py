@@ -49,14 +49,32 @@ __all__ = ["Hedge", "HedgeCounts", "applies", "counts", "drain", "open_stream", 
 
 @dataclass(frozen=True, slots=True)
 class HedgeCounts:
-    """Hedges this process has sent and won (the hedge answered first) since it started."""
+    """Hedges this process has sent and won (the hedge answered first) since it started.
+
+    Returned by [`asyncload.hedge_counts`][asyncload.hedge_counts].
+    """
 
     sent: int
+    """Hedged requests sent: a second (or third) copy of a read that was slow to answer."""
     won: int
+    """Hedged requests that answered before the request they doubled."""
 
 
 def counts() -> HedgeCounts:
-    """Hedges sent and won by this process; a loader's pass reports its own in ``stats()``."""
+    """Hedges sent and won by this process since it started.
+
+    For reads made in this process: from your own coroutines, ``asyncload.read_sync``, or a
+    ``DataLoader`` with ``num_workers=0``. Worker processes count their own; a loader's pass
+    reports the sum over its workers as ``loader.stats().hedges_sent`` and ``.hedges_won``.
+
+    Examples:
+        >>> import asyncload
+        >>> before = asyncload.hedge_counts()
+        >>> data = asyncload.read_sync("s3://bucket/key")  # doctest: +SKIP
+        >>> after = asyncload.hedge_counts()
+        >>> after.sent - before.sent  # hedges that read needed
+        0
+    """
     return HedgeCounts(sent=_round._sent, won=_round._won)
 
 

@@ -173,7 +173,8 @@ class Mix(IterableDataset[Any]):
     ``loader.state_dict()`` resumes a ``Mix`` exactly: the choices are replayed, not fetched.
     When every dataset inside is map-style or elastic (``TarShards``) and ``samples`` is not
     set, it also resumes with another ``num_workers`` or world size: what is left of each
-    dataset is re-dealt to the new readers (docs/guides/mixing.md says what that keeps).
+    dataset is re-dealt to the new readers ([Mixing datasets](guides/mixing.md) says what that
+    keeps).
 
     Args:
         datasets: The datasets to mix: ``asyncload`` or torch datasets, map-style or iterable.

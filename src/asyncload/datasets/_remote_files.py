@@ -64,10 +64,12 @@ class RemoteFiles(Dataset[Any]):
 
     **Labels from paths.** A ``decode`` with a parameter named ``url`` and/or ``index`` gets the
     sample's URL and/or index by keyword, besides the bytes; the signature is read once. So an
-    ImageFolder-style layout (``.../train/cat/001.jpg``) needs no subclass::
+    ImageFolder-style layout (``.../train/cat/001.jpg``) needs no subclass:
 
-        def decode(data, *, url):
-            return load_image(data), CLASSES.index(url.rsplit("/", 2)[-2])
+    ```python
+    def decode(data, *, url):
+        return load_image(data), CLASSES.index(url.rsplit("/", 2)[-2])
+    ```
 
     Args:
         urls: The object URLs, in sample order (any iterable of ``str``, or a NumPy array).

@@ -195,9 +195,9 @@ def write_shards(
             The default leaves out ``manifest.txt`` files; a value of your own replaces it.
 
     Returns:
-        A ``ShardSummary``: the shards' paths (or URLs) in order, as a sequence, and how
-        many samples, files and bytes were written and which files were left out and why
-        (``print(summary)`` shows it in one line).
+        ShardSummary: The shards' paths (or URLs) in order, as a sequence, and how many
+            samples, files and bytes were written and which files were left out and why
+            (``print(summary)`` shows it in one line).
 
     Raises:
         ValueError: A bad key, ``samples_per_shard < 1``, ``include``/``exclude`` given for

@@ -25,6 +25,7 @@ from . import _http, _local, _s3  # noqa: F401 - importing registers the backend
 from ._base import (
     Backend,
     ObjectInfo,
+    Resume,
     StorageOptions,
     backend_for,
     register,
@@ -35,6 +36,7 @@ __all__ = [
     "AttemptFailed",
     "Backend",
     "ObjectInfo",
+    "Resume",
     "StorageOptions",
     "backend_for",
     "register",

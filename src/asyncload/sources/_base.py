@@ -163,15 +163,34 @@ class Resume:
 
 
 class Backend(abc.ABC):
-    """One storage protocol. Every method makes a single attempt and may raise
-    ``AttemptFailed``; anything else is a bug or a cancellation.
+    """One storage protocol (URL scheme): subclass it and [`register`][asyncload.sources.register]
+    an instance to make ``asyncload.read``, ``stream``, ``stat`` and ``list_files`` (and so
+    every dataset) work with a new scheme.
+
+    Every method makes a **single attempt** and reports a failure by raising
+    [`AttemptFailed`][asyncload.sources.AttemptFailed]; retries, hedged reads, the local cache,
+    stats and the public errors are handled around it. Any other exception is taken for a bug
+    (or a cancellation) and propagates as it is. ``options`` is the
+    [`StorageOptions`][asyncload.StorageOptions] configured for the URL's prefix.
 
     Examples:
-        >>> class Memory(Backend):  # doctest: +SKIP
+        >>> import asyncload
+        >>> from asyncload.sources import AttemptFailed, Backend, register
+        >>> OBJECTS = {"mem://b/a.txt": b"hello"}
+        >>> class Memory(Backend):
         ...     async def read(self, url, start, end, options):
+        ...         if url not in OBJECTS:
+        ...             raise AttemptFailed(asyncload.NotFound, "no such object", status=404)
         ...         return OBJECTS[url][start or 0 : end]
-        ...     # stream, stat, list, aclose ...
-        >>> register("mem", Memory())  # doctest: +SKIP
+        ...     async def stream(self, url, start, chunk_size, options):
+        ...         yield await self.read(url, start, None, options)
+        ...     async def stat(self, url, options):
+        ...         return asyncload.ObjectInfo(url, len(OBJECTS[url]), None, None)
+        ...     async def list(self, prefix_url, options):
+        ...         return [u for u in OBJECTS if u.startswith(prefix_url)]
+        >>> register("mem", Memory())
+        >>> asyncload.read_sync("mem://b/a.txt")
+        b'hello'
     """
 
     @abc.abstractmethod
@@ -245,11 +264,33 @@ def set_pool_size(n: int) -> None:
 
 
 def register(scheme: str, backend: Backend) -> None:
-    """Serve URLs that start with ``scheme://`` with *backend* (replaces an earlier one)."""
+    """Serve URLs that start with ``scheme://`` with *backend* (replaces an earlier one).
+
+    Register in the main process before iterating a loader, at import time of a module the
+    workers import too (with ``forkserver`` and ``spawn`` they import your modules again, not
+    your registrations): the module that defines the backend is a good place.
+
+    Args:
+        scheme: The URL scheme, without ``://``; compared in lower case.
+        backend: The [`Backend`][asyncload.sources.Backend] instance that serves it.
+
+    Examples:
+        >>> from asyncload.sources import register, registered_schemes
+        >>> register("mem", Memory())  # doctest: +SKIP
+        >>> "mem" in registered_schemes()  # doctest: +SKIP
+        True
+    """
     _registry[scheme.lower()] = backend
 
 
 def registered_schemes() -> list[str]:
+    """The registered URL schemes, sorted; ``""`` stands for plain paths.
+
+    Examples:
+        >>> from asyncload.sources import registered_schemes
+        >>> {"http", "https", "file", ""} <= set(registered_schemes())
+        True
+    """
     return sorted(_registry)
 
 
@@ -273,7 +314,13 @@ _SCHEMES: dict[str, str] = {}
 
 
 def backend_for(url: str) -> Backend:
-    """The backend serving *url*; ``InvalidURL`` lists the schemes there are."""
+    """The backend serving *url*; ``InvalidURL`` lists the schemes there are.
+
+    Examples:
+        >>> from asyncload.sources import backend_for
+        >>> type(backend_for("https://example.com/x")).__name__
+        'HttpBackend'
+    """
     if not isinstance(url, str):
         raise InvalidURL(f"a URL must be a str, not {type(url).__name__}: {url!r}")
     try:
