@@ -1,5 +1,5 @@
-"""Smoke tests: ``benchmarks/bench_loader.py``, ``bench_tails.py``, ``bench_cache.py`` and
-``bench_wholerun.py`` with ``--quick`` run and print their whole tables.
+"""Smoke tests: ``benchmarks/bench_loader.py``, ``bench_tails.py``, ``bench_cache.py``,
+``bench_wholerun.py`` and ``bench_pipeline.py`` with ``--quick`` run and print their tables.
 
 Only that it runs: speed depends on whatever else the machine is doing, so no numbers are
 checked here.
@@ -114,3 +114,32 @@ def test_bench_wholerun_quick_prints_its_table() -> None:
         ("s3torchconnector", "s3torchconnector S3MapDataset"),
     ]:
         assert f"{peer} rows skipped: not installed" in text or label in text, text
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_bench_pipeline_quick_prints_its_tables() -> None:
+    text = _run_quick(
+        "bench_pipeline.py",
+        "--images",
+        "64",
+        "--records",
+        "128",
+        "--rows",
+        "ceiling,torch-local,local,remote-decode",
+        "--transports",
+        "http",
+        timeout=100,
+    )
+    for pipeline in ("images: 64 samples", "text: 128 samples"):
+        assert pipeline in text, text
+    for row in (
+        "(the CPU ceiling)",
+        "torch DataLoader, local files",
+        "asyncload RemoteFiles(paths, decode=), local files",
+    ):
+        assert text.count(row) == 2, f"row {row!r} missing from a pipeline:\n{text}"
+    assert text.count("asyncload RemoteFiles(urls, decode=)") == 2
+    for target in ("asyncload local / torch local >= 1.1", "http 50 ms / ceiling >= 0.85"):
+        assert f"target (images): {target}" in text, text
+        assert f"target (text): {target}" in text, text
