@@ -441,9 +441,9 @@ def test_a_pass_lets_go_of_its_queues_off_the_main_thread() -> None:
     loader = asyncload.DataLoader(SyncNumbers(8), batch_size=2, num_workers=2)
     it = iter(loader)
     ran_in.clear()
-    weakref.finalize(it._workers._result_queue._reader, _Finalized.record, ran_in)  # type: ignore[union-attr]
-    list(it)  # the pass ends and closes its workers
-    assert _Finalized.wait(ran_in) == ["asyncload-release"]
+    weakref.finalize(it._engines._result_queue._reader, _Finalized.record, ran_in)  # type: ignore[union-attr]
+    list(it)  # the pass ends: the reaper stops its workers (NOTE [ Who stops workers ])
+    assert _Finalized.wait(ran_in) == ["asyncload-reaper"]
 
 
 class _Finalized:

@@ -44,7 +44,7 @@ class Dispatch:
 
     spec: PassSpec
     tally: Tally
-    _workers: Workers | None
+    _engines: Workers | None
     _num_workers: int
     _generation: int
     _stalls: StallBoard
@@ -207,9 +207,9 @@ class Dispatch:
         return msg.data
 
     def _require_workers(self) -> Workers:
-        if self._workers is None:
+        if self._engines is None:
             raise RuntimeError("this DataLoader pass has no workers (it failed to start)")
-        return self._workers
+        return self._engines
 
     def _get(self) -> Any:
         """Next reply from any worker; raises if a worker died or ``timeout`` passed."""

@@ -30,7 +30,7 @@ from ._pass import Pass, State
 from ._pin_memory import accelerator_device
 from ._resume import ResumePoint
 from ._spec import PassSpec
-from ._workers import StandbySlot
+from ._workers import StandbySlot, reaper
 
 __all__ = ["DataLoader"]
 
@@ -205,8 +205,9 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
             # first pass's from here, in the background, overlapping the caller's set-up (with
             # the forkserver's one-time imports); without persistent workers, each pass starts
             # the next one's once it has sent its last task.
+            reaper.ensure_started()  # an ordinary call: finalizers only hand it their jobs
             self._standby = StandbySlot()
-            weakref.finalize(self, self._standby.close)
+            weakref.finalize(self, self._standby.close)  # never blocks (NOTE [ Who stops workers ])
             early = early_context(self.multiprocessing_context)
             if early is not None:
                 start_early(early, fork=self.multiprocessing_context is None)

@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 from .. import _sharding
 from .._engine import WorkerConfig
 from .._spec import PassSpec
 from .._stats import RecorderSnapshot
+from ._reaper import reaper
 from ._standby import StandbySlot
 
-__all__ = ["StandbySlot", "Workers", "start_workers"]
+__all__ = ["StandbySlot", "Workers", "reaper", "start_workers"]
 
 
 class Workers(Protocol):
@@ -32,6 +33,12 @@ class Workers(Protocol):
     @property
     def pids(self) -> tuple[int, ...]:
         """The worker processes' pids (empty for an engine in a thread)."""
+        ...
+
+    @property
+    def processes(self) -> tuple[Any, ...]:
+        """The worker processes (``multiprocessing`` objects, kept once stopped; none for an
+        engine in a thread)."""
         ...
 
     def send(self, worker_id: int, msg: object) -> None:
@@ -49,7 +56,9 @@ class Workers(Protocol):
         (``_standby``; nothing for one thread, or with persistent workers)."""
 
     def close(self) -> None:
-        """Stop every engine and release its resources; safe to call more than once."""
+        """Stop every engine and release its resources; safe to call more than once.
+
+        Called on the reaper thread only (NOTE [ Who stops workers ] in ``_reaper.py``)."""
 
 
 def start_workers(

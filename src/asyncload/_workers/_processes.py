@@ -27,6 +27,7 @@ from .._queues import unpack
 from .._shipping import Shipped
 from .._stats import RecorderSnapshot
 from .._worker import worker_main
+from ._reaper import reaper
 from ._stop import release_elsewhere, stop_processes
 
 if TYPE_CHECKING:
@@ -86,35 +87,56 @@ class ProcessWorkers:
         self._closed = False
         self._answered = self._next_wanted = False  # prepare_next()
         self._pids: tuple[int, ...] = ()  # kept once closed
+        self._processes: tuple[Any, ...] = ()  # kept once closed (torch's iterator._workers)
         self._procs: list[Any] = []
         self._index_queues: list[Any] = []
         self._pin_thread: PinMemoryThread | None = None
         self._replies: Any = None
         self._context, self._slot, self._next_pass = context, standby, next_pass
         _tuning.tune_main()  # this process unpickles every batch (see _tuning)
-        waiting = standby.take(context, len(configs)) if standby is not None else None
-        if waiting is not None:
-            self._done_event, self._result_queue = waiting.done_event, waiting.result_queue
-        else:
-            self._done_event = context.Event()
-            self._result_queue = context.Queue()
         self._tokens = [f"{os.getpid()}-{id(self):x}-{i}-{os.urandom(4).hex()}" for i in configs]
         for token in self._tokens:
             _shm.register_token(token)
         storage_config = _storage.export_config()
         environ = dict(os.environ)
+        configs = [
+            dataclasses.replace(
+                cfg,
+                storage_config=storage_config,
+                main_pid=os.getpid(),
+                environ=environ,
+                shm_token=token,
+                shm_blocks=shm_blocks,
+            )
+            for cfg, token in zip(configs, self._tokens, strict=True)
+        ]
+        waiting = standby.take(context, len(configs)) if standby is not None else None
+        payloads: list[bytes] = []
+        if waiting is not None:
+            try:
+                payloads = [self._pickled(cfg, sent_objects) for cfg in configs]
+            except _Inherited:
+                # A multiprocessing.Value, Lock, Queue... reaches a process only as it starts,
+                # as torch's workers get it: new processes, and no standby for this loader.
+                reaper.submit(waiting.close)
+                waiting = None
+                if standby is not None:
+                    standby.turn_off()
+            except BaseException:  # nothing of this pass started: the standby set goes
+                reaper.submit(waiting.close)
+                self._closed = True
+                for token in self._tokens:
+                    _shm.unregister_token(token)
+                raise
+        if waiting is not None:
+            self._done_event, self._result_queue = waiting.done_event, waiting.result_queue
+        else:
+            self._done_event = context.Event()
+            self._result_queue = context.Queue()
         try:
-            for cfg, token in zip(configs, self._tokens, strict=True):
-                cfg = dataclasses.replace(
-                    cfg,
-                    storage_config=storage_config,
-                    main_pid=os.getpid(),
-                    environ=environ,
-                    shm_token=token,
-                    shm_blocks=shm_blocks,
-                )
+            for i, cfg in enumerate(configs):
                 if waiting is not None:
-                    self._ship_one(waiting, cfg, sent_objects)
+                    self._ship_one(waiting, cfg.worker_id, payloads[i])
                 else:
                     self._start_one(context, cfg, sent_objects)
         except BaseException:
@@ -157,21 +179,31 @@ class ProcessWorkers:
         self._index_queues.append(index_queue)
         self._procs.append(proc)
 
-    def _ship_one(self, waiting: Standby, cfg: WorkerConfig, sent_objects: dict[str, Any]) -> None:
-        """Give a standby process its config: pickled here, where a failure can be raised with
-        its culprit named, not in a queue's feeder thread."""
+    def _pickled(self, cfg: WorkerConfig, sent_objects: dict[str, Any]) -> bytes:
+        """A standby process's config, pickled here, where a failure can be raised with its
+        culprit named, not in a queue's feeder thread."""
         method = self._context.get_start_method()
         try:
-            payload = bytes(ForkingPickler.dumps(Shipped(cfg, method), pickle.HIGHEST_PROTOCOL))
+            return bytes(ForkingPickler.dumps(Shipped(cfg, method), pickle.HIGHEST_PROTOCOL))
+        except RuntimeError as exc:
+            if _INHERITANCE in str(exc):
+                raise _Inherited from exc
+            error = _not_started(exc, sent_objects, method)
+            if error is exc:
+                raise
+            raise error from exc
         except Exception as exc:
             error = _not_started(exc, sent_objects, method)
             if error is exc:
                 raise
             raise error from exc
-        index_queue = waiting.index_queues[cfg.worker_id]
+
+    def _ship_one(self, waiting: Standby, worker_id: int, payload: bytes) -> None:
+        """Give a standby process its pickled config."""
+        index_queue = waiting.index_queues[worker_id]
         index_queue.put(((), payload))
         self._index_queues.append(index_queue)
-        self._procs.append(waiting.procs[cfg.worker_id])
+        self._procs.append(waiting.procs[worker_id])
 
     def prepare_next(self) -> None:
         """This pass has sent its last task: start the next pass's processes meanwhile, once a
@@ -189,6 +221,10 @@ class ProcessWorkers:
     @property
     def pids(self) -> tuple[int, ...]:
         return self._pids if self._closed else tuple(p.pid for p in self._procs)
+
+    @property
+    def processes(self) -> tuple[Any, ...]:
+        return self._processes if self._closed else tuple(self._procs)
 
     def send(self, worker_id: int, msg: object) -> None:
         token = self._tokens[worker_id]
@@ -254,7 +290,7 @@ class ProcessWorkers:
         if self._closed:
             return
         self._closed = True
-        self._pids = self.pids
+        self._pids, self._processes = self.pids, self.processes
         if self._pin_thread is not None:
             self._pin_thread.stop()
         # This object lets go of them: NOTE [ Ctrl-C and finalizers ] in _stop.py.
@@ -262,10 +298,19 @@ class ProcessWorkers:
         box += [self._pin_thread, self._replies]
         self._procs, self._index_queues = [], []
         self._result_queue = self._done_event = self._replies = self._pin_thread = None
-        stop_processes(*box[:4])
+        stop_processes(*box[:4], close_objects=False)
         release_elsewhere(box)
         for token in self._tokens:
             _shm.unregister_token(token)
+
+
+# multiprocessing's words when an object can only reach a child as it starts
+# (``context.assert_spawning``): synchronized Values and Arrays, locks, queues, events...
+_INHERITANCE = "through inheritance"
+
+
+class _Inherited(Exception):
+    """The config holds such an object: it can't go to a standby process."""
 
 
 def _died(worker_id: int, w: Any) -> WorkerError:

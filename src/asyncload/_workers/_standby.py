@@ -41,6 +41,7 @@ from typing import Any
 from .. import _storage
 from .._protocol import Standing
 from .._storage import StorageConfig
+from ._reaper import budget, reaper
 from ._stop import JOIN_TIMEOUT, release_elsewhere, stop_processes
 
 __all__ = ["Standby", "StandbySlot"]
@@ -106,6 +107,10 @@ class Standby:
 class StandbySlot:
     """The loader's place for the next pass's standby processes (at most one set).
 
+    Sets are bounded across the process (``_reaper.StandbyBudget``): a new one pushes out the
+    oldest, and one that waits too long is stopped. Every stop goes through the reaper
+    (NOTE [ Who stops workers ] in ``_reaper.py``); nothing here joins in a finalizer.
+
     Examples:
         >>> slot = StandbySlot()  # doctest: +SKIP
         >>> slot.prepare(multiprocessing.get_context("forkserver"), 2)  # doctest: +SKIP
@@ -117,9 +122,12 @@ class StandbySlot:
         # closes this slot from the same thread.
         self._lock = threading.RLock()
         self._pid = os.getpid()
-        self._thread: threading.Thread | None = None
+        self._thread: threading.Thread | None = None  # the start under way, if any
         self._standby: Standby | None = None
         self._closed = False
+        # No more sets: one failed to start, or the loader's objects can only reach a worker
+        # when it starts (``ProcessWorkers``: a multiprocessing.Value, Lock, Queue...).
+        self._off = False
         _slots.add(self)
 
     def prepare(self, context: Any, count: int, *, max_concurrency: int = 0) -> None:
@@ -130,8 +138,11 @@ class StandbySlot:
         """
         if context.get_start_method() not in _METHODS or multiprocessing.current_process().daemon:
             return
+        if self._busy() or not budget.admit(self, count):  # admit() pushes older sets out
+            return
         with self._lock:
-            if self._closed or self._thread is not None or self._standby is not None:
+            if self._busy():  # meanwhile
+                budget.release(self)
                 return
             storage = _storage.export_config() if max_concurrency > 0 else None
             thread = threading.Thread(
@@ -143,8 +154,16 @@ class StandbySlot:
             try:
                 thread.start()
             except RuntimeError:  # no thread to be had: the next pass starts its own workers
+                budget.release(self)
                 return
             self._thread = thread
+
+    def _busy(self) -> bool:
+        """Whether this slot holds, starts, or may not start a set now."""
+        with self._lock:
+            return (
+                self._closed or self._off or self._thread is not None or self._standby is not None
+            )
 
     def _start(
         self, context: Any, count: int, storage: StorageConfig | None, pool_size: int
@@ -152,22 +171,29 @@ class StandbySlot:
         try:
             standby = Standby(context, count, storage, pool_size)
         except Exception:  # the next pass starts its own workers, and reports what fails
+            with self._lock:
+                self._off = True  # never again for this loader: no restarts in a loop
+                if self._thread is threading.current_thread():
+                    self._thread = None
+            budget.release(self)
             return
         with self._lock:
-            keep = not self._closed
+            # Not pushed out, taken past or closed meanwhile (any of which forgot this start).
+            keep = not self._closed and self._thread is threading.current_thread()
             if keep:
                 self._standby = standby
-        if not keep:  # the loader went meanwhile
-            standby.close()
+        if not keep:
+            reaper.submit(standby.close)
 
     def _settle(self) -> Standby | None:
         with self._lock:
             thread = self._thread
         if thread is not None:
-            thread.join()
+            thread.join(JOIN_TIMEOUT)  # a start that hangs is left behind: it stops its own
         with self._lock:
             self._thread = None
             standby, self._standby = self._standby, None
+        budget.release(self)
         return standby
 
     def take(self, context: Any, count: int) -> Standby | None:
@@ -175,28 +201,56 @@ class StandbySlot:
         ``None`` (and any that don't fit stopped) otherwise."""
         standby = self._settle()
         if standby is not None and not standby.fits(context, count):
-            standby.close()
+            reaper.submit(standby.close)
             return None
         return standby
+
+    def turn_off(self) -> None:
+        """Prepare no more sets for this loader (its objects need a worker's start)."""
+        with self._lock:
+            self._off = True
+        self.evict()
+
+    def evict(self) -> None:
+        """Stop the set this slot holds or is starting (the budget's call); later passes may
+        prepare another."""
+        with self._lock:
+            standby, self._standby = self._standby, None
+            self._thread = None  # a start under way stops what it started when it ends
+        budget.release(self)
+        if standby is not None:
+            reaper.submit(standby.close)
+
+    @property
+    def held(self) -> bool:
+        """Whether a set is held or starting."""
+        with self._lock:
+            return self._standby is not None or self._thread is not None
 
     def close(self, *, wait: bool = False) -> None:
         """Stop the prepared processes, if any, and prepare no more.
 
-        A start under way (a loader dropped just after it was built, or the last epoch's
-        standby processes, nobody knowing it was the last) stops what it started itself when
-        it ends, so this does not wait for it, unless *wait*: at interpreter exit
-        (``_close_at_exit``), where no process may be left starting while the interpreter
-        tears down the queues it needs; then at most ``JOIN_TIMEOUT`` seconds.
+        Safe in a finalizer: the reaper stops them. A start under way (a loader dropped just
+        after it was built, or the last epoch's standby processes, nobody knowing it was the
+        last) stops what it started itself when it ends, so this does not wait for it, unless
+        *wait*: at interpreter exit (``_close_at_exit``), where no process may be left starting
+        while the interpreter tears down the queues it needs; then at most ``JOIN_TIMEOUT``
+        seconds, and the stop runs before this returns.
         """
         with self._lock:
             self._closed = True
             thread = self._thread
+            if not wait:
+                self._thread = None
         if wait and thread is not None:
             thread.join(JOIN_TIMEOUT)
+            reaper.drain(JOIN_TIMEOUT + 5)  # the stop the start handed over when it ended
         with self._lock:
             standby, self._standby = self._standby, None
+            self._thread = None
+        budget.release(self)
         if standby is not None:
-            standby.close()
+            reaper.submit(standby.close, wait=wait)
 
 
 _slots: weakref.WeakSet[StandbySlot] = weakref.WeakSet()

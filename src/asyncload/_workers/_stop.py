@@ -37,10 +37,19 @@ __all__ = ["JOIN_TIMEOUT", "release_elsewhere", "stop_processes"]
 JOIN_TIMEOUT = 5.0
 
 
-def stop_processes(procs: list[Any], index_queues: list[Any], result_queue: Any, done: Any) -> None:
+def stop_processes(
+    procs: list[Any],
+    index_queues: list[Any],
+    result_queue: Any,
+    done: Any,
+    *,
+    close_objects: bool = True,
+) -> None:
     """Stop worker processes and close their queues: NOTE [ Data flow and shutdown ], steps 1-4
     (the pin-memory thread, step 0, is the caller's). Also for standby processes that never
-    got a config (``_standby``): they take the same ``Shutdown``."""
+    got a config (``_standby``): they take the same ``Shutdown``. Without *close_objects* the
+    exited processes' objects stay usable (``is_alive()``, ``join()``: a pass's ``_workers``,
+    which torch's iterator exposes); their descriptors go with them."""
     done.set()
     for q in index_queues:
         try:
@@ -60,21 +69,26 @@ def stop_processes(procs: list[Any], index_queues: list[Any], result_queue: Any,
     for q in [*index_queues, result_queue]:
         q.cancel_join_thread()
         q.close()
+    if not close_objects:
+        return
     for w in procs:
         if not w.is_alive():
             w.close()  # its descriptors now, and multiprocessing forgets it
 
 
 def release_elsewhere(box: list[Any]) -> None:
-    """Drop *box*'s contents in another thread (NOTE [ Ctrl-C and finalizers ]).
+    """Drop *box*'s contents off the main thread (NOTE [ Ctrl-C and finalizers ]): here if
+    the caller isn't the main thread (the reaper, NOTE [ Who stops workers ]), else in a
+    short-lived thread.
 
     *box* must be the caller's only reference to what it holds, and the caller must not keep
     *box* past its return. At interpreter exit (the main thread has stopped: atexit handlers,
     finalizers run then) it drops them at once: a daemon thread may be cut off there between
     unlinking a semaphore and telling the resource tracker, which then warns of a leak.
     """
-    if not threading.main_thread().is_alive():
-        box.clear()
+    main = threading.main_thread()
+    if threading.current_thread() is not main or not main.is_alive():
+        box.clear()  # interpreter exit, or already off the main thread (the reaper's)
         return
     try:
         thread = threading.Thread(target=_release, args=(box,), name="asyncload-release")

@@ -41,6 +41,10 @@ class ThreadWorkers:
     def pids(self) -> tuple[int, ...]:
         return ()
 
+    @property
+    def processes(self) -> tuple[()]:
+        return ()
+
     def send(self, worker_id: int, msg: object) -> None:
         self._worker.send(msg)
 
