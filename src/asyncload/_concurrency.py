@@ -1,0 +1,690 @@
+"""How many requests one worker keeps in flight to one storage prefix, found while reading.
+
+DESIGN NOTE (issue #33). Placeholder; filled in once the simulated figures are in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import enum
+import math
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+__all__ = [
+    "AdaptiveLimiter",
+    "ControlConfig",
+    "LimitController",
+    "LimitState",
+    "LimitStats",
+    "Outcome",
+    "PrefixLimits",
+]
+
+
+class Outcome(enum.Enum):
+    """What one request's answer tells the controller.
+
+    Examples:
+        >>> Outcome.THROTTLED.value
+        'throttled'
+    """
+
+    OK = "ok"
+    """A response that counts as goodput; its latency is a sample of the store's."""
+    THROTTLED = "throttled"
+    """``503 SlowDown``, ``429``, or any answer with ``Retry-After``: the store says too many."""
+    FAILED = "failed"
+    """Any other failure (a 500, a reset, a timeout): neither goodput nor a throttle."""
+
+
+@dataclass(frozen=True, slots=True)
+class ControlConfig:
+    """The constants of the control law; the defaults are the ones the simulations chose.
+
+    Examples:
+        >>> ControlConfig().initial
+        8
+        >>> ControlConfig(initial=0)
+        Traceback (most recent call last):
+        ...
+        ValueError: ControlConfig needs 1 <= min_limit <= initial <= max_limit
+    """
+
+    initial: int = 8
+    """Requests in flight before anything is known: few enough that a store which throttles at
+    once, or a client with little memory, is not flooded by a loader's first round trip."""
+    min_limit: int = 1
+    """The controller never goes below this (one request in flight always makes progress)."""
+    max_limit: int = 1024
+    """The automatic mode's own ceiling, where the user gave no cap."""
+    slow_start: float = 2.0
+    """Growth per round trip while nothing has pushed back yet (TCP's slow start)."""
+    growth: float = 0.1
+    """Growth per round trip afterwards, as a share of the limit (at least one request)."""
+    low: float = 1.1
+    """Latency (an epoch's median over the unloaded median) under which there is no queue."""
+    high: float = 1.4
+    """Latency ratio over which requests queue for no gain: the limit shrinks back."""
+    backoff: float = 0.8
+    """The limit after a throttle, as a share of the limit before it."""
+    recovery: float = 0.75
+    """Seconds a cut takes to grow back to the limit that was throttled (CUBIC's K)."""
+    probe: float = 1.5
+    """Past this multiple of the throttled limit with no throttle, the store's allowance has
+    risen: the cubic curve gives way to ``growth`` per round trip."""
+    base_window: float = 10.0
+    """Seconds an unloaded latency is remembered (a store's latency can change)."""
+    min_samples: int = 16
+    """Answers an epoch needs at least (two round trips at a limit of 8): with fewer, one
+    slow answer moves the median."""
+    max_samples: int = 64
+    """Answers an epoch needs at most; under it, as many as the limit (one round trip)."""
+    queue_floor: float = 4.0
+    """Requests of ours that may wait in a queue before latency says back off: under it the
+    rise is noise or not ours (at a limit of 2, latency cannot tell a queue of ours)."""
+    rebase_after: int = 3
+    """Backoffs in a row that left latency as it was: the store itself got slower, and its
+    latency now is the new unloaded one."""
+    max_hold: float = 30.0
+    """Longest ``Retry-After`` that freezes growth (the retry path decides about the request)."""
+    cpu_backoff: float = 0.9
+    """The limit per round trip while the CPU lane is the bottleneck, as a share."""
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_limit <= self.initial <= self.max_limit:
+            raise ValueError("ControlConfig needs 1 <= min_limit <= initial <= max_limit")
+        if not (self.slow_start > 1 and self.growth > 0 and 1 <= self.low < self.high):
+            raise ValueError("ControlConfig needs slow_start > 1, growth > 0, 1 <= low < high")
+        if not (0 < self.backoff < 1 and 0 < self.cpu_backoff < 1 and self.recovery > 0):
+            raise ValueError("ControlConfig needs 0 < backoff, cpu_backoff < 1 and recovery > 0")
+
+
+@dataclass(frozen=True, slots=True)
+class LimitState:
+    """What a controller learned about a prefix, to start or steer another one with.
+
+    A worker exports it (``LimitController.export``), the main process combines its workers'
+    (``combine``) and hands the result to the next pass's workers (``LimitController(...,
+    learned=...)``) or to the others of this pass (``LimitController.merge``). Times are on the
+    clock every controller of the loader reads (``time.monotonic``, the same in all processes
+    of one machine).
+
+    Examples:
+        >>> a = LimitState(limit=40.0, base_latency=0.05, ceiling=50.0, throttled_at=3.0)
+        >>> b = LimitState(limit=60.0, base_latency=0.04)
+        >>> both = LimitState.combine([a, b])
+        >>> both.limit, both.base_latency, both.throttled_at, both.workers
+        (50.0, 0.04, 3.0, 2)
+        >>> both.for_workers(4).limit
+        25.0
+    """
+
+    limit: float
+    """The requests in flight one worker had (the mean over ``workers`` workers)."""
+    base_latency: float | None = None
+    """The unloaded latency (median of a quiet round trip), seconds; ``None`` if unknown."""
+    ceiling: float | None = None
+    """The per-worker limit at which the store last throttled, if it has."""
+    throttled_at: float | None = None
+    """When the store last throttled one of these workers."""
+    workers: int = 1
+    """How many workers' states this one summarises."""
+
+    @staticmethod
+    def combine(states: Iterable[LimitState]) -> LimitState:
+        """One state for many workers: their mean limit, the lowest latency, the last throttle.
+
+        Raises:
+            ValueError: *states* is empty.
+        """
+        states = list(states)
+        if not states:
+            raise ValueError("LimitState.combine needs at least one state")
+        workers = sum(s.workers for s in states)
+        # Weighted by workers so that combining combined states gives the same mean.
+        limit = sum(s.limit * s.workers for s in states) / workers
+        bases = [s.base_latency for s in states if s.base_latency is not None]
+        ceilings = [(s.ceiling, s.workers) for s in states if s.ceiling is not None]
+        throttles = [s.throttled_at for s in states if s.throttled_at is not None]
+        ceiling = (
+            sum(c * w for c, w in ceilings) / sum(w for _, w in ceilings) if ceilings else None
+        )
+        return LimitState(
+            limit=limit,
+            base_latency=min(bases) if bases else None,
+            ceiling=ceiling,
+            throttled_at=max(throttles) if throttles else None,
+            workers=workers,
+        )
+
+    def for_workers(self, workers: int) -> LimitState:
+        """The per-worker share when the same prefix is read by *workers* workers instead.
+
+        What the store allows is for all the workers together, so the share scales inversely.
+        """
+        scale = self.workers / max(1, workers)
+        return LimitState(
+            limit=self.limit * scale,
+            base_latency=self.base_latency,
+            ceiling=None if self.ceiling is None else self.ceiling * scale,
+            throttled_at=self.throttled_at,
+            workers=workers,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class LimitStats:
+    """A controller's figures at one moment, for ``loader.stats()`` and the bench.
+
+    Examples:
+        >>> LimitController(now=0.0).stats().phase
+        'slow start'
+    """
+
+    limit: int
+    """Requests allowed in flight now."""
+    in_flight: int
+    """Requests in flight now."""
+    peak_in_flight: int
+    """The most requests in flight at once so far."""
+    requests: int
+    """Requests answered so far, whatever the outcome."""
+    throttled: int
+    """Throttled answers so far (503 SlowDown, 429, Retry-After)."""
+    failed: int
+    """Other failures so far."""
+    cuts: int
+    """Times the limit was cut for a throttle."""
+    backoffs: int
+    """Times the limit shrank for latency (requests queued for no gain) or for the CPU lane."""
+    base_latency: float | None
+    """The unloaded latency, seconds."""
+    latency: float | None
+    """The smoothed median latency of recent round trips, seconds."""
+    phase: str
+    """``"slow start"``, ``"steady"``, ``"recovering"`` (after a throttle) or ``"held"``
+    (``Retry-After`` pending)."""
+    cpu_bound: bool
+    """Whether the CPU lane is reported as the bottleneck."""
+
+
+class LimitController:
+    """The in-flight limit of one worker for one storage prefix: pure, with the clock passed in.
+
+    The caller reports each request's start (``started``) and answer (``finished``) with the
+    time; the controller never sleeps, reads a clock, or does I/O, so it runs the same under
+    a simulator as in a worker's event loop. ``limit`` is how many may be in flight now.
+
+    Args:
+        config: The control law's constants.
+        cap: An explicit ``max_concurrency``: the limit never exceeds it.
+        learned: What earlier workers learned about this prefix (a pass's configuration):
+            start there instead of from ``config.initial``, without a slow start.
+        now: The current time.
+
+    Examples:
+        >>> c = LimitController(now=0.0)
+        >>> c.limit
+        8
+        >>> for t in (0.0, 0.05):  # two round trips of 8 requests: one epoch
+        ...     for _ in range(8):
+        ...         c.started(t)
+        ...     for _ in range(8):
+        ...         c.finished(t + 0.05, Outcome.OK, latency=0.05)
+        >>> c.limit  # nothing pushed back: slow start doubles it
+        16
+        >>> c.started(0.1)
+        >>> c.finished(0.11, Outcome.THROTTLED, latency=0.01)
+        >>> c.limit  # cut at once, to 0.8 of it
+        12
+        >>> LimitController(cap=4, now=0.0).limit
+        4
+    """
+
+    def __init__(
+        self,
+        config: ControlConfig | None = None,
+        *,
+        cap: int | None = None,
+        learned: LimitState | None = None,
+        now: float = 0.0,
+    ) -> None:
+        self.config = config = config or ControlConfig()
+        if cap is not None and cap < 1:
+            raise ValueError(f"max_concurrency must be >= 1, got {cap}")
+        self.cap = cap
+        self._max = float(min(cap, config.max_limit) if cap is not None else config.max_limit)
+        self._min = float(min(config.min_limit, self._max))
+        self._limit = float(config.initial)
+        self._slow_start = True
+        # The limit at the last throttle (CUBIC's W_max) and when the cut was made; while set,
+        # growth follows the cubic curve back to it and then probes beyond it.
+        self._ceiling: float | None = None
+        self._cut_at = -math.inf
+        self._quiet_until = -math.inf
+        self._throttled_at: float | None = None
+        self._hold_until = -math.inf
+        self._cpu_bound = False
+        # Unloaded latency: the lowest epoch median over base_window seconds, kept as a
+        # monotonic deque of (time, median, answers) so that the minimum is its first entry.
+        self._medians: collections.deque[tuple[float, float, int]] = collections.deque()
+        self._srtt: float | None = None
+        self._streak = 0
+        self._streak_latency = 0.0
+        # The spread of log-latency (its standard deviation, from the interquartile range):
+        # how much medians vary by chance, so that noise is not read as a queue.
+        self._spread = 0.0
+        self._in_flight = 0
+        self._peak = 0
+        self._epoch_peak = 0
+        self._epoch_start = now
+        self._epoch_latencies: list[float] = []
+        self._requests = self._throttled = self._failed = self._cuts = self._backoffs = 0
+        if learned is not None:
+            self._adopt(learned, now)
+        self._limit = self._clamp(self._limit)
+
+    # ── what the caller reports ──────────────────────────────────────────────────────────────
+
+    @property
+    def limit(self) -> int:
+        """Requests that may be in flight now (at least one)."""
+        return max(1, int(self._limit))
+
+    @property
+    def in_flight(self) -> int:
+        """Requests started and not yet finished."""
+        return self._in_flight
+
+    def started(self, now: float) -> None:
+        """A request was sent at *now* (the caller checked ``in_flight < limit``)."""
+        self._in_flight += 1
+        self._peak = max(self._peak, self._in_flight)
+        self._epoch_peak = max(self._epoch_peak, self._in_flight)
+
+    def finished(
+        self,
+        now: float,
+        outcome: Outcome,
+        latency: float,
+        retry_after: float | None = None,
+    ) -> None:
+        """A request sent *latency* seconds before *now* was answered with *outcome*.
+
+        Args:
+            now: The time of the answer.
+            outcome: What the answer says (see ``Outcome``).
+            latency: Seconds from the request's start to its answer.
+            retry_after: The server's ``Retry-After`` in seconds, if it sent one; such an
+                answer counts as a throttle whatever its status.
+        """
+        self._in_flight = max(0, self._in_flight - 1)
+        self._requests += 1
+        if outcome is Outcome.THROTTLED or retry_after is not None:
+            self._throttled += 1
+            self._throttle(now, now - latency, retry_after)
+            return
+        if outcome is Outcome.FAILED:
+            # A failure says nothing about queueing; its latency (often a timeout) would
+            # poison the median.
+            self._failed += 1
+            return
+        if now - latency < self._epoch_start:
+            # Sent before this epoch, under the limit before: its latency tells about that
+            # one (Vegas measures each window with its own requests).
+            return
+        self._epoch_latencies.append(latency)
+        cfg = self.config
+        needed = min(cfg.max_samples, max(cfg.min_samples, int(self._limit)))
+        if len(self._epoch_latencies) >= needed:
+            self._end_epoch(now)
+
+    def cpu_bound(self, now: float, bound: bool) -> None:
+        """Whether the CPU lane (decoding, collating) is what limits the worker now.
+
+        While it is, more requests in flight only hold more memory and contend for the loop:
+        the limit shrinks by ``cpu_backoff`` per round trip and does not grow.
+        """
+        self._cpu_bound = bound
+
+    # ── sharing ─────────────────────────────────────────────────────────────────────────────
+
+    def export(self) -> LimitState:
+        """What this controller learned, for the main process to pass on."""
+        return LimitState(
+            limit=self._limit,
+            base_latency=self._base(),
+            ceiling=self._ceiling,
+            throttled_at=self._throttled_at,
+        )
+
+    def merge(self, state: LimitState, now: float) -> None:
+        """Take in what the loader's other workers learned of the same prefix during a pass.
+
+        They read the same store, so a throttle one of them saw and this one has not answered
+        yet is this one's too: cut. Otherwise move halfway to their limit, so that workers
+        sharing a store's allowance converge to equal shares.
+        """
+        if state.base_latency is not None:
+            self._note_median(now, state.base_latency, self.config.max_samples)
+        if state.throttled_at is not None and state.throttled_at > self._cut_at:
+            self._throttled_at = max(self._throttled_at or -math.inf, state.throttled_at)
+            self._cut(now)
+            return
+        if not self._slow_start:
+            self._limit = self._clamp((self._limit + state.limit) / 2)
+
+    # ── figures ─────────────────────────────────────────────────────────────────────────────
+
+    def stats(self, now: float | None = None) -> LimitStats:
+        """The controller's figures; *now* tells whether a ``Retry-After`` is still pending."""
+        if now is not None and now < self._hold_until:
+            phase = "held"
+        elif self._slow_start:
+            phase = "slow start"
+        elif self._ceiling is not None:
+            phase = "recovering"
+        else:
+            phase = "steady"
+        return LimitStats(
+            limit=self.limit,
+            in_flight=self._in_flight,
+            peak_in_flight=self._peak,
+            requests=self._requests,
+            throttled=self._throttled,
+            failed=self._failed,
+            cuts=self._cuts,
+            backoffs=self._backoffs,
+            base_latency=self._base(),
+            latency=self._srtt,
+            phase=phase,
+            cpu_bound=self._cpu_bound,
+        )
+
+    # ── the control law ─────────────────────────────────────────────────────────────────────
+
+    def _clamp(self, limit: float) -> float:
+        return min(self._max, max(self._min, limit))
+
+    def _base(self) -> float | None:
+        return self._medians[0][1] if self._medians else None
+
+    def _note_median(self, now: float, median: float, answers: int) -> None:
+        window = self._medians
+        while window and window[-1][1] >= median:
+            window.pop()
+        window.append((now, median, answers))
+        while window[0][0] < now - self.config.base_window:
+            window.popleft()
+
+    def _adopt(self, learned: LimitState, now: float) -> None:
+        self._limit = learned.limit
+        # Start where the others got to: no slow start (its overshoot is what throttles).
+        self._slow_start = False
+        if learned.base_latency is not None:
+            self._note_median(now, learned.base_latency, self.config.max_samples)
+        if learned.ceiling is not None:
+            # On the cubic curve's plateau: probe gently past the known ceiling.
+            self._ceiling = learned.ceiling
+            self._cut_at = now - self.config.recovery
+        self._throttled_at = learned.throttled_at
+
+    def _throttle(self, now: float, sent: float, retry_after: float | None) -> None:
+        self._throttled_at = now
+        if retry_after is not None:
+            # Growth waits for the server's time; the request itself waits in the retry path.
+            self._hold_until = max(self._hold_until, now + min(retry_after, self.config.max_hold))
+        if sent < self._quiet_until:
+            # Sent before the last cut, or in the round trip after it while the requests of
+            # before were still being answered (and new ones sent as fast): the cut already
+            # answers this overload. One cut per round trip, as CUBIC does, or a burst of
+            # throttles would cut to 1.
+            return
+        self._cut(now)
+
+    def _cut(self, now: float) -> None:
+        cfg = self.config
+        limit = self._limit
+        # CUBIC's fast convergence: throttled below the last ceiling means others took part of
+        # the store's allowance; aim lower so that they can keep it.
+        if self._ceiling is not None and limit < self._ceiling:
+            self._ceiling = limit * (1 + cfg.backoff) / 2
+        else:
+            self._ceiling = limit
+        self._limit = self._clamp(limit * cfg.backoff)
+        self._cut_at = now
+        self._quiet_until = now  # answers to requests sent before the cut do not cut again
+        self._slow_start = False
+        self._cuts += 1
+        self._new_epoch(now)
+
+    def _cubic(self, now: float) -> float:
+        assert self._ceiling is not None
+        cfg = self.config
+        x = (now - self._cut_at) / cfg.recovery - 1.0
+        # Concave back to the ceiling over `recovery` seconds, flat around it, convex beyond.
+        return self._ceiling * (1.0 + (1.0 - cfg.backoff) * x**3)
+
+    def _new_epoch(self, now: float) -> None:
+        self._epoch_start = now
+        self._epoch_latencies.clear()
+        self._epoch_peak = self._in_flight
+
+    def _end_epoch(self, now: float) -> None:
+        cfg = self.config
+        latencies = sorted(self._epoch_latencies)
+        n = len(latencies)
+        median = latencies[n // 2]
+        q1, q3 = latencies[n // 4], latencies[(3 * n) // 4]
+        if q1 > 0:
+            spread = math.log(q3 / q1) / 1.349  # a normal's IQR is 1.349 sigma
+            self._spread = spread if self._srtt is None else 0.8 * self._spread + 0.2 * spread
+        self._srtt = median if self._srtt is None else 0.75 * self._srtt + 0.25 * median
+        self._note_median(now, median, n)
+        base, base_answers = self._medians[0][1:]
+        # A median of n has a standard error of 1.25 sigma / sqrt(n) (in log terms). The base
+        # is the least of many such medians, so it sits about two errors below the true one:
+        # lift it by that, and ask a queue to show more than two errors above the band.
+        error = 1.25 * self._spread
+        base *= math.exp(2.0 * error / math.sqrt(base_answers))
+        high = cfg.high * math.exp(2.0 * error / math.sqrt(n))
+        ratio = median / base if base > 0 else 1.0
+        # Our requests waiting, by Little's law (Vegas's "diff"): the limit times the share of
+        # the latency that is above the unloaded one.
+        queued = self._limit * (1.0 - 1.0 / ratio) if ratio > 1 else 0.0
+        # Whether the limit was what held the worker back: if it never filled it, the demand
+        # (the sampler, the CPU lane) did, and a larger limit would be untested.
+        used = self._epoch_peak >= 0.5 * self._limit
+        limit = self._limit
+        if self._cpu_bound:
+            limit *= cfg.cpu_backoff
+            self._backoffs += 1
+        elif ratio > high and queued > cfg.queue_floor:
+            # Requests queue (at the store or in this worker's loop) and the queue is what the
+            # extra ones bought: shrink toward the middle of the band in one step, at most by
+            # half, as Gradient2 does.
+            limit *= max(0.5, (cfg.low + high) / 2 / ratio)
+            self._slow_start = False
+            self._backoffs += 1
+            # A queue, not the store's rate, is the constraint now: the cubic curve's target
+            # is stale.
+            self._ceiling = None
+            if self._streak == 0:
+                self._streak_latency = median
+            self._streak += 1
+            if self._streak >= cfg.rebase_after and median >= 0.9 * self._streak_latency:
+                # Shrinking did not bring latency down: not our queue but a slower store (or
+                # a base that noise made too low). Latency now is the unloaded one.
+                self._medians.clear()
+                self._note_median(now, median, n)
+                self._streak = 0
+            self._limit = self._clamp(limit)
+            self._new_epoch(now)
+            return
+        elif now < self._hold_until or not used:
+            pass
+        elif self._ceiling is not None:
+            if ratio < cfg.low or queued < cfg.queue_floor or now - self._cut_at < cfg.recovery:
+                limit = max(limit, self._cubic(now))
+            if limit >= cfg.probe * self._ceiling:
+                # Well past what was throttled and no throttle since: the allowance rose.
+                self._ceiling = None
+        elif ratio < cfg.low or queued < cfg.queue_floor:
+            grow = cfg.slow_start - 1 if self._slow_start else cfg.growth
+            limit += max(1.0, limit * grow)
+        else:
+            # Latency has started to rise: the knee. Hold here; slow start is over.
+            self._slow_start = False
+        self._streak = 0
+        self._limit = self._clamp(limit)
+        self._new_epoch(now)
+
+
+class AdaptiveLimiter:
+    """An asyncio semaphore whose size is a ``LimitController``'s limit.
+
+    ``acquire`` waits (first come, first served) while the prefix has ``limit`` requests in
+    flight; ``release`` reports the answer and lets waiters in if the limit allows.
+
+    Args:
+        controller: The controller; a new default one if omitted.
+        clock: The time source (the event loop's ``time`` by default).
+
+    Examples:
+        >>> import asyncio
+        >>> async def main() -> int:
+        ...     limiter = AdaptiveLimiter(LimitController(cap=2, now=0.0), clock=lambda: 0.0)
+        ...     await limiter.acquire()
+        ...     await limiter.acquire()
+        ...     waiter = asyncio.ensure_future(limiter.acquire())
+        ...     await asyncio.sleep(0)
+        ...     assert not waiter.done()
+        ...     limiter.release(Outcome.OK, latency=0.0)
+        ...     await waiter
+        ...     return limiter.controller.in_flight
+        >>> asyncio.run(main())
+        2
+    """
+
+    def __init__(
+        self,
+        controller: LimitController | None = None,
+        *,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        self.controller = controller or LimitController(now=(clock or time.monotonic)())
+        self._clock = clock
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+
+    def _now(self) -> float:
+        return self._clock() if self._clock is not None else asyncio.get_running_loop().time()
+
+    async def acquire(self) -> None:
+        """Wait for a slot; the request counts as started when this returns."""
+        c = self.controller
+        if not self._waiters and c.in_flight < c.limit:
+            c.started(self._now())
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                # Granted and cancelled in the same turn: hand the slot on.
+                c.finished(self._now(), Outcome.FAILED, 0.0)
+                self._wake()
+            raise
+        finally:
+            if waiter in self._waiters:
+                self._waiters.remove(waiter)
+
+    def release(self, outcome: Outcome, latency: float, retry_after: float | None = None) -> None:
+        """A request that ``acquire`` admitted was answered (see ``LimitController.finished``)."""
+        self.controller.finished(self._now(), outcome, latency, retry_after)
+        self._wake()
+
+    def _wake(self) -> None:
+        c = self.controller
+        while self._waiters and c.in_flight < c.limit:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                # Counted as started now, not when it runs: a second wake in the same turn
+                # must see this slot taken.
+                c.started(self._now())
+                waiter.set_result(None)
+
+
+class PrefixLimits:
+    """One ``AdaptiveLimiter`` per storage prefix of a worker, with their states to share.
+
+    Args:
+        config: The control law's constants for every prefix.
+        cap: The user's ``max_concurrency`` (per prefix), if any.
+        learned: States by prefix from earlier workers (the pass's configuration).
+        clock: The time source (the event loop's by default).
+
+    Examples:
+        >>> limits = PrefixLimits(cap=16, clock=lambda: 0.0)
+        >>> limits.limiter("s3://bucket/train").controller.limit
+        8
+        >>> sorted(limits.export())
+        ['s3://bucket/train']
+    """
+
+    # More prefixes than this means the keys are not prefixes (say, whole object keys):
+    # forget the oldest rather than grow without bound.
+    MAX_PREFIXES = 256
+
+    def __init__(
+        self,
+        config: ControlConfig | None = None,
+        *,
+        cap: int | None = None,
+        learned: Mapping[str, LimitState] | None = None,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        self.config = config or ControlConfig()
+        self.cap = cap
+        self._learned = dict(learned or {})
+        self._clock = clock or time.monotonic
+        self._limiters: dict[str, AdaptiveLimiter] = {}
+
+    def limiter(self, prefix: str) -> AdaptiveLimiter:
+        """The limiter of *prefix*, made on first use from what was learned of it."""
+        found = self._limiters.get(prefix)
+        if found is not None:
+            return found
+        if len(self._limiters) >= self.MAX_PREFIXES:
+            for key, old in self._limiters.items():
+                if old.controller.in_flight == 0:
+                    del self._limiters[key]
+                    break
+        controller = LimitController(
+            self.config, cap=self.cap, learned=self._learned.get(prefix), now=self._clock()
+        )
+        made = self._limiters[prefix] = AdaptiveLimiter(controller, clock=self._clock)
+        return made
+
+    def export(self) -> dict[str, LimitState]:
+        """Every prefix's state, for the main process."""
+        return {p: lim.controller.export() for p, lim in self._limiters.items()}
+
+    def merge(self, states: Mapping[str, LimitState]) -> None:
+        """Take in the other workers' states of the prefixes this worker reads."""
+        now = self._clock()
+        for prefix, state in states.items():
+            found = self._limiters.get(prefix)
+            if found is not None:
+                found.controller.merge(state, now)
+                found._wake()
+            else:
+                self._learned[prefix] = state
+
+    def stats(self) -> dict[str, LimitStats]:
+        """Every prefix's figures."""
+        now = self._clock()
+        return {p: lim.controller.stats(now) for p, lim in self._limiters.items()}
