@@ -11,6 +11,17 @@ stateless, so one server serves every scenario of a run and other benchmark scri
 it. ``GET /count`` answers how many object requests were served (hedges show up there).
 ``Range`` and ``HEAD`` are honoured (storage benchmarks need them).
 
+Two stores that push back, off unless asked for (``ObjectServerProcess(throttle=..., queue=...)``
+or ``--throttle``/``--queue``), each per prefix (``/obj/{size}/{latency_ms}``):
+
+* ``throttle=(rate, burst)``: a token bucket of *rate* requests per second with bursts of
+  *burst*; a request without a token is answered at once with ``503`` and S3's ``SlowDown``
+  XML body, or with ``429`` and ``Retry-After`` (``throttle_status=429, retry_after=1``).
+  ``GET /throttled`` answers how many were.
+* ``queue=(slots, service_ms)``: after the path's latency, at most *slots* requests are served
+  at once, each for *service_ms* more; the others wait in line, so latency grows with the
+  number of requests being served once they exceed *slots* (a store with a queue in front).
+
 Usage from a benchmark::
 
     with ObjectServerProcess() as server:
@@ -22,12 +33,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import functools
 import math
 import os
 import random
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
@@ -80,6 +94,73 @@ def _parse_range(header: str, size: int) -> tuple[int, int] | None:
     return (start, min(end, size)) if start < size else None
 
 
+# What S3 answers a request over its prefix's rate (the client retries it after a backoff).
+SLOWDOWN_BODY = (
+    b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
+    b"<Message>Please reduce your request rate.</Message>"
+    b"<RequestId>7A5FC1D2E3B4A596</RequestId><HostId>loopback</HostId></Error>"
+)
+
+
+class _Bucket:
+    """A token bucket: *rate* tokens per second, at most *burst* saved up."""
+
+    def __init__(self, rate: float, burst: float, now: float) -> None:
+        self.rate, self.burst, self.tokens, self.last = rate, burst, burst, now
+
+    def take(self, now: float) -> bool:
+        self.tokens = min(self.burst, self.tokens + (now - self.last) * self.rate)
+        self.last = now
+        if self.tokens >= 1.0:
+            self.tokens -= 1.0
+            return True
+        return False
+
+
+class _Line:
+    """At most *slots* requests served at once for *service* seconds each; the rest wait."""
+
+    def __init__(self, slots: int, service: float) -> None:
+        self.slots, self.service = slots, service
+        self.serving = 0
+        self.waiting: collections.deque[Callable[[], None]] = collections.deque()
+
+    def enter(self, respond: Callable[[], None]) -> None:
+        if self.serving < self.slots:
+            self._serve(respond)
+        else:
+            self.waiting.append(respond)
+
+    def _serve(self, respond: Callable[[], None]) -> None:
+        self.serving += 1
+
+        def done() -> None:
+            self.serving -= 1
+            respond()
+            if self.waiting:
+                self._serve(self.waiting.popleft())
+
+        asyncio.get_running_loop().call_later(self.service, done)
+
+
+@dataclass(frozen=True)
+class _Pushback:
+    """The server's throttling and queueing settings (from its command line)."""
+
+    throttle: tuple[float, float] | None = None  # (rate per second, burst) per prefix
+    throttle_status: int = 503
+    retry_after: float | None = None
+    queue: tuple[int, float] | None = None  # (slots, service seconds) per prefix
+
+
+# Set once per server process from its command line, before it serves: the protocol instances
+# (one per connection) share the buckets and lines of each prefix.
+_pushback = _Pushback()
+_buckets: dict[str, _Bucket] = {}
+_lines: dict[str, _Line] = {}
+_throttled = 0
+
+
 class _ObjectProtocol(asyncio.Protocol):
     """Minimal HTTP/1.1 for ``GET``/``HEAD /obj/{size}/{latency_ms}/{index}``, keep-alive.
 
@@ -126,9 +207,12 @@ class _ObjectProtocol(asyncio.Protocol):
         self._replies.append(None)
         index = len(self._replies) - 1 + self._sent
         parts = target.split("/")
-        global _requests
+        global _requests, _throttled
         if target == "/count":  # how many object requests were served (hedges included)
             self._ready(index, _reply(200, [], str(_requests).encode()))
+            return
+        if target == "/throttled":  # how many requests were answered with a throttle
+            self._ready(index, _reply(200, [], str(_throttled).encode()))
             return
         _requests += 1
         try:
@@ -139,9 +223,24 @@ class _ObjectProtocol(asyncio.Protocol):
             self._ready(index, _reply(400, [], b"expected GET /obj/{size}/{latency_ms}/{index}"))
             return
         loop = asyncio.get_running_loop()
-        loop.call_later(
-            latency_ms / 1000, self._respond, index, method, size, i, headers.get("range")
-        )
+        prefix = "/".join(parts[:4])
+        if _pushback.throttle is not None:
+            bucket = _buckets.get(prefix)
+            if bucket is None:
+                bucket = _buckets[prefix] = _Bucket(*_pushback.throttle, loop.time())
+            if not bucket.take(loop.time()):
+                # Answered at once, as S3 does: a throttle costs the store little.
+                _throttled += 1
+                self._ready(index, _throttle_reply())
+                return
+        respond = functools.partial(self._respond, index, method, size, i, headers.get("range"))
+        if _pushback.queue is not None:
+            line = _lines.get(prefix)
+            if line is None:
+                line = _lines[prefix] = _Line(*_pushback.queue)
+            loop.call_later(latency_ms / 1000, line.enter, respond)
+            return
+        loop.call_later(latency_ms / 1000, respond)
 
     def _respond(self, index: int, method: str, size: int, i: int, rng: str | None) -> None:
         body: memoryview = object_view(i, size)
@@ -197,7 +296,25 @@ def _latency_ms(spec: str) -> float:
     return float(spec)
 
 
-_REASONS = {200: "OK", 206: "Partial Content", 400: "Bad Request", 416: "Range Not Satisfiable"}
+_REASONS = {
+    200: "OK",
+    206: "Partial Content",
+    400: "Bad Request",
+    416: "Range Not Satisfiable",
+    429: "Too Many Requests",
+    503: "Service Unavailable",
+}
+
+
+def _throttle_reply() -> list[bytes | memoryview]:
+    if _pushback.throttle_status == 503:
+        extra = ["Content-Type: application/xml"]
+        body = SLOWDOWN_BODY
+    else:
+        extra, body = [], b"too many requests"
+    if _pushback.retry_after is not None:
+        extra.append(f"Retry-After: {_pushback.retry_after:g}")
+    return _reply(_pushback.throttle_status, extra, body)
 
 
 def _reply(
@@ -208,7 +325,10 @@ def _reply(
     return [("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"), body]
 
 
-def _serve(host: str, port: int) -> None:
+def _serve(host: str, port: int, pushback: _Pushback | None = None) -> None:
+    global _pushback
+    _pushback = pushback or _Pushback()
+
     async def main() -> None:
         loop = asyncio.get_running_loop()
         server = await loop.create_server(_ObjectProtocol, host, port, backlog=4096)
@@ -243,10 +363,28 @@ class ObjectServerProcess:
     dies (it watches its stdin).
     """
 
-    def __init__(self, host: str = "127.0.0.1") -> None:
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        *,
+        throttle: tuple[float, float] | None = None,
+        throttle_status: int = 503,
+        retry_after: float | None = None,
+        queue: tuple[int, float] | None = None,
+    ) -> None:
+        """*throttle* is ``(rate per second, burst)`` per prefix, *queue* ``(slots,
+        service_ms)`` per prefix (see the module doc); both off by default."""
         self.host = host
         self.port = 0
         self._proc: subprocess.Popen[bytes] | None = None
+        self._args: list[str] = []
+        if throttle is not None:
+            self._args += ["--throttle", f"{throttle[0]:g}:{throttle[1]:g}"]
+            self._args += ["--throttle-status", str(throttle_status)]
+            if retry_after is not None:
+                self._args += ["--retry-after", f"{retry_after:g}"]
+        if queue is not None:
+            self._args += ["--queue", f"{queue[0]}:{queue[1]:g}"]
 
     @property
     def pid(self) -> int:
@@ -276,9 +414,16 @@ class ObjectServerProcess:
         with urllib.request.urlopen(f"{self.base_url}/count", timeout=10) as resp:
             return int(resp.read())
 
+    def throttled(self) -> int:
+        """Requests answered with a throttle so far (a blocking GET /throttled)."""
+        import urllib.request
+
+        with urllib.request.urlopen(f"{self.base_url}/throttled", timeout=10) as resp:
+            return int(resp.read())
+
     def start(self) -> ObjectServerProcess:
         self._proc = subprocess.Popen(
-            [sys.executable, str(Path(__file__).resolve()), "--host", self.host],
+            [sys.executable, str(Path(__file__).resolve()), "--host", self.host, *self._args],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
@@ -335,5 +480,24 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
+    parser.add_argument(
+        "--throttle", metavar="RATE:BURST", help="a token bucket per prefix (off by default)"
+    )
+    parser.add_argument("--throttle-status", type=int, choices=(503, 429), default=503)
+    parser.add_argument("--retry-after", type=float, help="seconds, sent with each throttle")
+    parser.add_argument(
+        "--queue", metavar="SLOTS:SERVICE_MS", help="requests served at once per prefix"
+    )
     args = parser.parse_args()
-    _serve(args.host, args.port)
+    throttle = queue = None
+    if args.throttle:
+        rate, _, burst = args.throttle.partition(":")
+        throttle = (float(rate), float(burst or 1))
+    if args.queue:
+        slots, _, service_ms = args.queue.partition(":")
+        queue = (int(slots), float(service_ms or 0) / 1000)
+    _serve(
+        args.host,
+        args.port,
+        _Pushback(throttle, args.throttle_status, args.retry_after, queue),
+    )
