@@ -54,6 +54,22 @@ class ObjectServer:
     delays: dict[str, collections.deque[float]] = field(default_factory=dict)
     cancelled: int = 0  # requests whose client went away before the response was sent
 
+    # A store that pushes back, per prefix (a path's directory), off by default.
+    # throttle_rate: a token bucket of that many requests per second (bursts of throttle_burst);
+    # a request without a token is answered at once with throttle_status: 503 and S3's
+    # SlowDown body, or 429; with Retry-After when throttle_retry_after is set.
+    throttle_rate: float | None = None
+    throttle_burst: float = 1.0
+    throttle_status: int = 503
+    throttle_retry_after: float | None = None
+    throttled: int = 0  # requests answered with a throttle since reset()
+    # queue_slots: at most that many requests served at once per prefix, each for
+    # queue_service seconds after the latency; the rest wait in line (latency grows with load).
+    queue_slots: int | None = None
+    queue_service: float = 0.0
+    _buckets: dict[str, list[float]] = field(default_factory=dict)  # prefix: [tokens, when]
+    _lines: dict[str, asyncio.Semaphore] = field(default_factory=dict)
+
     @property
     def url(self) -> str:
         return f"{self.scheme}://{self.host}:{self.port}"
@@ -85,6 +101,24 @@ class ObjectServer:
         self.conditionals = True
         self.latency = 0.0
         self.jitter = 0.0
+        self.throttle_rate = None
+        self.throttle_burst = 1.0
+        self.throttle_status = 503
+        self.throttle_retry_after = None
+        self.throttled = 0
+        self.queue_slots = None
+        self.queue_service = 0.0
+        self._buckets.clear()
+        self._lines.clear()
+
+    def take_token(self, prefix: str, now: float) -> bool:
+        """Whether the token bucket of *prefix* lets a request through at *now*."""
+        assert self.throttle_rate is not None
+        tokens, last = self._buckets.get(prefix, [self.throttle_burst, now])
+        tokens = min(self.throttle_burst, tokens + (now - last) * self.throttle_rate)
+        ok = tokens >= 1.0
+        self._buckets[prefix] = [tokens - 1.0 if ok else tokens, now]
+        return ok
 
 
 # What S3 answers a request whose signature does not match; the secrets are fake but distinct.
@@ -96,6 +130,25 @@ S3_SIGNATURE_ERROR = (
     "<SignatureProvided>fakesignatureprovided99</SignatureProvided>"
     "<RequestId>4442587FB7D0A2F9</RequestId></Error>"
 )
+
+# What S3 answers a request over its prefix's request rate.
+S3_SLOWDOWN = (
+    '<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
+    "<Message>Please reduce your request rate.</Message>"
+    "<RequestId>7A5FC1D2E3B4A596</RequestId><HostId>loopback</HostId></Error>"
+)
+
+
+def _throttle_response(state: ObjectServer) -> web.Response:
+    state.throttled += 1
+    headers = {}
+    if state.throttle_retry_after is not None:
+        headers["Retry-After"] = f"{state.throttle_retry_after:g}"
+    if state.throttle_status == 503:
+        return web.Response(
+            status=503, text=S3_SLOWDOWN, content_type="application/xml", headers=headers
+        )
+    return web.Response(status=state.throttle_status, text="too many requests", headers=headers)
 
 
 def _parse_range(header: str, size: int) -> tuple[int, int] | None:
@@ -118,8 +171,18 @@ def _make_app(state: ObjectServer) -> web.Application:
         state.hits[path] += 1
         state.raw_paths.append(request.raw_path)
         state.headers_seen.append(dict(request.headers))
+        prefix = path.rpartition("/")[0]
+        if state.throttle_rate is not None:
+            if not state.take_token(prefix, asyncio.get_running_loop().time()):
+                return _throttle_response(state)  # at once, as S3 does
         if state.latency or state.jitter:
             await asyncio.sleep(state.latency + random.uniform(0, state.jitter))
+        if state.queue_slots is not None:
+            line = state._lines.get(prefix)
+            if line is None:
+                line = state._lines[prefix] = asyncio.Semaphore(state.queue_slots)
+            async with line:  # FIFO: asyncio's semaphore wakes waiters in order
+                await asyncio.sleep(state.queue_service)
         held = state.delays.get(path)
         if held:
             await asyncio.sleep(held.popleft())
