@@ -1,6 +1,82 @@
 """How many requests one worker keeps in flight to one storage prefix, found while reading.
 
-DESIGN NOTE (issue #33). Placeholder; filled in once the simulated figures are in.
+A fixed ``max_concurrency`` is wrong somewhere: too low on a slow store, too high where the
+worker's CPU is the bottleneck, fatal where the store throttles (issue #33: two loaders of two
+workers at 128 each drove a 2,000 GETs/s store to 37% ``503 SlowDown`` and both died). Here the
+limit is found per worker and per prefix, from what the answers say.
+
+The control law (``LimitController``), once per epoch (the answers to requests sent since the
+last decision: at least 16, at most 64, so about one round trip):
+
+* **Slow start.** From ``initial`` (8), double per epoch while nothing pushes back.
+* **Latency, as TCP Vegas.** The epoch's median latency over the unloaded one (the least epoch
+  median of the last 10 s) gives our requests waiting, ``queued = limit * (1 - base/median)``.
+  Over ``high`` (1.4) with more than 4 waiting: latency rose without goodput (by Little's law
+  goodput is limit / latency), so shrink toward the band's middle in one step, at most by half,
+  as Netflix's Gradient2 does. Under ``low`` (1.1), or fewer than 4 waiting: grow 10%. Between:
+  hold. Noise is not a queue: the log-latency spread (from the interquartile range) widens the
+  band by two standard errors of a median and lifts the least median by two, since a minimum of
+  many noisy medians sits that far below the true one. Three backoffs that left latency as it
+  was mean the store itself got slower: its latency now becomes the unloaded one.
+* **Throttles, as TCP CUBIC.** A ``503 SlowDown``, ``429`` or ``Retry-After`` cuts the limit to
+  0.8 of it at once, once per overload (answers to requests sent before the cut do not cut
+  again). The limit then follows CUBIC's curve: concave back to the throttled limit in 0.75 s,
+  flat around it, convex beyond; 1.5 times past it with no throttle, the allowance rose and
+  growth goes back to 10% per epoch. ``Retry-After`` freezes growth for as long as the server
+  asked (the request itself waits in the retry path). Throttled below the last ceiling, the
+  ceiling drops to the middle (CUBIC's fast convergence), so workers sharing a store even out.
+* **Caps and signals.** An explicit ``max_concurrency`` bounds every value the limit takes. While
+  the CPU lane reports that it is the bottleneck (``cpu_bound``), the limit shrinks by 10% per
+  epoch and does not grow. Other failures (500s, resets, timeouts) neither count as goodput nor
+  cut, and their latencies are not samples.
+* **Sharing.** ``export`` gives a frozen ``LimitState`` (limit, unloaded latency, throttled
+  limit and when); ``LimitState.combine`` merges the workers' states in the main process;
+  a new controller started from it skips the slow start, and ``merge`` during a pass takes a
+  throttle another worker saw as its own and moves halfway to the others' limit.
+
+Figures (``tests/test_concurrency.py``'s stores, simulated, one worker unless said):
+
+* (a) 50 ms and 0.25 ms of worker CPU per answer (4,000/s from ~200 in flight): 1.000 of the
+  best fixed value (256) of a sweep 4-512, p99 69 ms against 55 ms unloaded, limit 256 within
+  0.4 s.
+* (b) token bucket 2,000/s, burst 200, ``503 SlowDown``: one worker 0.971 of the rate with
+  0.56% of answers throttled (its sawtooth dips to 0.82 of the rate for a second at worst);
+  four workers that know nothing of each other 1.001 and 0.48%; four with ``429`` and
+  ``Retry-After: 1`` 0.991 and 0.62%.
+* (c) 16/4/32 servers of 10/20/40 ms (exponential) behind a line: 0.991/1.003/0.947 of the
+  sweep's best, p99 1.23/1.44/1.18 x unloaded.
+* (d) a burst of throttles cuts the limit to <= 0.8 of it; goodput is back to >= 0.9 within 3 s.
+* (e) two workers sharing states twice a second on (b)'s store: 0.967 of the rate together,
+  0.92% throttled, 1,000/s and 935/s each.
+* (g) the store's rate changed at 5 s, time until every 1 s window has >= 0.9 of the new rate
+  and <= 5% throttled: 2,000->1,000 0.1 s, 1,000->2,000 2.1 s, 2,000->500 0.7 s,
+  500->3,000 2.2 s.
+
+Tried and dropped, on the same stores: a cut to 0.7 with 1 s of recovery (one worker 0.93-0.99
+of the rate, and 5-6 s to converge after a change, against 3 s); one cut per round trip
+instead of per overload (2,000->500 took 4.0-5.7 s); cutting from the delivered rate times
+latency, as BBR estimates (0.76 of the rate at 200 ms, 0.91 after 500->3,000); Vegas with the
+plain least latency as the base (collapsed to 1 in flight on a log-normal store, sigma 0.5:
+0.004 of the best; 0.13 behind a line of 4 exponential servers). Pure AIMD (+1 per round trip)
+was not simulated: at 50 ms it needs ~2 s per 40 requests in flight, where growth after a
+change of 2x must take under 3 s. Not covered: a store at 500 ms that throttles synchronized
+bursts (0.56 of the rate; pacing the sends would help).
+
+How it is meant to be wired (not yet; the engine and storage modules are being moved):
+
+* The engine's in-flight ``asyncio.Semaphore`` (one per worker) becomes a ``PrefixLimits``:
+  ``await limits.limiter(prefix).acquire()`` before a request and ``release(outcome, latency,
+  retry_after)`` after each attempt, with the prefix from the storage layer (bucket and the
+  key's first segment for S3/GCS/Azure, scheme://host for HTTP). The worker's total stays
+  bounded by ``max_concurrency`` when it is an int; ``None``/``"auto"`` leaves the prefix limits
+  alone. A retry acquires again, so it is retried within the cut limit.
+* The retry path (``AttemptFailed`` with status 503/429, S3 ``SlowDown``, ``retry_after``) maps
+  to ``Outcome.THROTTLED``; other retryable failures to ``Outcome.FAILED``; no hedge goes to a
+  prefix whose phase is ``recovering`` or ``held``.
+* ``PrefixLimits.export()`` rides to the main process beside (not inside) the stats at the end
+  of a pass; the main process ``combine``s the states per prefix and passes them, rescaled with
+  ``for_workers``, in the next pass's configuration (``learned=``), or on a side channel during
+  a pass (``merge``). ``stats()`` feeds ``loader.stats()`` and ``asyncload bench``.
 """
 
 from __future__ import annotations
