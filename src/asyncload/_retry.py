@@ -35,6 +35,7 @@ log = logging.getLogger("asyncload.storage")
 
 T = TypeVar("T")
 
+
 @dataclass(frozen=True, slots=True)
 class Retry:
     """How often, and how patiently, a failed storage request is tried again.
