@@ -382,3 +382,41 @@ class StoresBuilt(asyncload.Dataset[tuple[int, int]]):
 def init_sets_aws_region(worker_id: int) -> None:
     """A worker_init_fn that changes what an S3 store reads from the environment."""
     os.environ["AWS_REGION"] = f"worker-{worker_id}"
+
+
+class SharedCounter(asyncload.Dataset[int]):
+    """Counts its samples in objects multiprocessing hands to a child only as it starts
+    ("through inheritance"): a synchronized Value under a Lock, a Queue, an Event, and (where
+    given) a Manager's dict proxy."""
+
+    def __init__(self, n: int, ctx: Any, shared: Any = None) -> None:
+        self.n = n
+        self.count = ctx.Value("i", 0)
+        self.lock = ctx.Lock()
+        self.seen = ctx.Queue()
+        self.started = ctx.Event()
+        self.shared = shared
+
+    def __len__(self) -> int:
+        return self.n
+
+    async def __getitem__(self, index: int) -> int:
+        with self.lock:
+            self.count.value += 1
+        self.started.set()
+        if index == 0:
+            self.seen.put(os.getpid())
+        if self.shared is not None:
+            self.shared[index] = os.getpid()
+        return index
+
+
+class InitCounts:
+    """A worker_init_fn holding a synchronized Value: how many workers started."""
+
+    def __init__(self, ctx: Any) -> None:
+        self.started = ctx.Value("i", 0)
+
+    def __call__(self, worker_id: int) -> None:
+        with self.started.get_lock():
+            self.started.value += 1

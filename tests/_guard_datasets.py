@@ -77,3 +77,19 @@ class FailsToUnpickle(asyncload.Dataset[int]):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_refuse_to_rebuild, ())
+
+
+class AwaitsForever(asyncload.Dataset[int]):
+    """Sample *stuck* awaits an event nobody sets (the loop keeps turning); the others are their
+    index."""
+
+    def __init__(self, n: int, stuck: int) -> None:
+        self.n, self.stuck = n, stuck
+
+    def __len__(self) -> int:
+        return self.n
+
+    async def __getitem__(self, index: int) -> int:
+        if index == self.stuck:
+            await asyncio.Event().wait()  # never set
+        return index

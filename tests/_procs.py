@@ -25,10 +25,15 @@ def script_env() -> dict[str, str]:
 
 
 def run_script(
-    name: str, *args: str, timeout: float = 90, relative: bool = False
+    name: str,
+    *args: str,
+    timeout: float = 90,
+    relative: bool = False,
+    stderr_clean: bool = False,
 ) -> dict[str, Any]:
     """Run ``tests/_scripts/<name>`` with *args* in a fresh interpreter (named ``./<name>``
-    from its folder when *relative*); the JSON object its last line of output prints."""
+    from its folder when *relative*); the JSON object its last line of output prints. With
+    *stderr_clean*, no traceback (its own or a child's) may appear on its stderr."""
     done = subprocess.run(
         [sys.executable, f"./{name}" if relative else str(SCRIPTS / name), *args],
         capture_output=True,
@@ -39,6 +44,9 @@ def run_script(
         check=False,
     )
     assert done.returncode == 0, done.stderr
+    if stderr_clean:
+        assert "Traceback" not in done.stderr, done.stderr
+        assert "Exception ignored" not in done.stderr, done.stderr
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return result
 

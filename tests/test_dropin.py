@@ -19,9 +19,11 @@ import asyncload
 from ._datasets import (
     Doubled,
     FailsAt,
+    InitCounts,
     Negated,
     NoLength,
     OverReported,
+    SharedCounter,
     Stuck,
     SyncNumbers,
     nested_collate,
@@ -208,3 +210,71 @@ def test_unpicklable_worker_init_fn_warns_as_torch_and_raises_ours() -> None:
     ):
         iter(loader)
     assert issubclass(asyncload.NotPicklable, TypeError)
+
+
+# ── objects shared "through inheritance", and the iterator's _workers ───────────────────────
+
+
+@pytest.mark.parametrize("method", ["fork", "forkserver", "spawn", None])
+@pytest.mark.parametrize("persistent", [False, True])
+@pytest.mark.timeout(120)
+def test_multiprocessing_values_locks_queues_and_events_reach_the_workers(
+    method: str | None, persistent: bool
+) -> None:
+    """torch hands a dataset's or worker_init_fn's Value, Lock, Queue or Event to its workers as
+    they start (its test_worker_seed uses one); pickling them later raises "Synchronized objects
+    should only be shared between processes through inheritance"."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context(method or "forkserver")
+    dataset = SharedCounter(24, ctx)
+    init = InitCounts(ctx)
+    loader = asyncload.DataLoader(
+        dataset,
+        batch_size=4,
+        num_workers=2,
+        multiprocessing_context=method,
+        worker_init_fn=init,
+        persistent_workers=persistent,
+    )
+    if method is None:
+        time.sleep(0.5)  # the loader's standby processes have started meanwhile
+    for epoch in range(2):
+        assert sorted(i for b in loader for i in b.tolist()) == list(range(24))
+        assert dataset.count.value == 24 * (epoch + 1)
+    assert dataset.started.is_set()
+    assert init.started.value == (2 if persistent else 4)
+    del loader
+    gc.collect()
+
+
+@pytest.mark.timeout(120)
+def test_a_managers_proxy_reaches_the_workers() -> None:
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("forkserver")
+    with ctx.Manager() as manager:
+        shared = manager.dict()
+        loader = asyncload.DataLoader(SharedCounter(8, ctx, shared), batch_size=4, num_workers=2)
+        assert sorted(i for b in loader for i in b.tolist()) == list(range(8))
+        assert sorted(shared.keys()) == list(range(8))
+        del loader
+        gc.collect()
+
+
+def test_the_iterators_workers_are_torchs_list_of_processes() -> None:
+    """torch's tests and users' own read iter(loader)._workers: pids, is_alive(), join()."""
+    it = iter(asyncload.DataLoader(SyncNumbers(40), batch_size=4, num_workers=2))
+    workers = it._workers
+    assert len(workers) == 2
+    assert all(w.is_alive() for w in workers)
+    assert sorted(w.pid for w in workers) == sorted(it.worker_pids)
+    del it
+    gc.collect()
+    for w in workers:
+        w.join(10)
+        assert not w.is_alive()
+        assert w.exitcode == 0
+    single = iter(asyncload.DataLoader(SyncNumbers(4), batch_size=4, num_workers=0))
+    assert single._workers == []
+    assert next(single).tolist() == [0, 1, 2, 3]

@@ -50,6 +50,7 @@ LAYERS: dict[str, int] = {
     "_hedge": 2,
     "_cache": 2,
     "_cache_dir": 2,
+    "_concurrency": 2,  # the adaptive in-flight limit: a pure control law (issue 33)
     # 3: datasets over storage; the wire messages
     "datasets": 3,
     "_protocol": 3,

@@ -162,3 +162,45 @@ def test_main_killed_while_loops_are_blocked_leaves_nothing_behind(
     names = {n.lstrip("/") for n in pids["shm"]}
     left_shm = {n for n in os.listdir("/dev/shm") if n.removeprefix("sem.") in names}
     assert not left_shm, f"shared memory left behind: {sorted(left_shm)}"
+
+
+def _stuck_line() -> str:
+    lines, first = inspect.getsourcelines(_guard_datasets.AwaitsForever.__getitem__)
+    offset = next(i for i, text in enumerate(lines) if "asyncio.Event().wait()" in text)
+    return f"line {first + offset}"
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_a_sample_that_awaits_for_ever_is_named_once_with_where_it_waits(
+    num_workers: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The loop turns (no BlockedLoopWarning), yet sample 5 never finishes: with timeout=0 the
+    loader would wait for ever, as torch's does; after ASYNCLOAD_STUCK_SAMPLE seconds a warning
+    names the sample and its await."""
+    monkeypatch.setenv("ASYNCLOAD_STUCK_SAMPLE", "1")
+    loader = asyncload.DataLoader(
+        _guard_datasets.AwaitsForever(12, stuck=5), batch_size=4, num_workers=num_workers, timeout=6
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        it = iter(loader)
+        assert next(it).tolist() == [0, 1, 2, 3]
+        with pytest.raises(asyncload.BatchTimeout):
+            next(it)
+        del it
+    stuck = [w for w in caught if issubclass(w.category, asyncload.StuckSampleWarning)]
+    assert len(stuck) == 1, [str(w.message) for w in caught]
+    text = str(stuck[0].message)
+    assert "sample 5 of AwaitsForever in DataLoader worker 0 has awaited for" in text
+    assert _guard_datasets.__file__ in text, text
+    assert _stuck_line() in text, text
+    assert not [w for w in caught if issubclass(w.category, asyncload.BlockedLoopWarning)]
+
+
+def test_the_stuck_sample_threshold_is_checked_in_the_main_process(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("ASYNCLOAD_STUCK_SAMPLE", "soon")
+    loader = asyncload.DataLoader(Blocking(4, slow=(), delay=0), batch_size=2, num_workers=0)
+    with pytest.raises(ValueError, match="ASYNCLOAD_STUCK_SAMPLE='soon' is not a number"):
+        list(loader)

@@ -39,6 +39,7 @@ from ._exceptions import (
     SampleErrorBudgetExceeded,
     ServerError,
     StorageError,
+    StuckSampleWarning,
     Timeout,
     WorkerError,
 )
@@ -100,6 +101,7 @@ __all__ = [
     "ShardSummary",
     "StorageError",
     "StorageOptions",
+    "StuckSampleWarning",
     "TarShards",
     "Timeout",
     "WorkerError",

@@ -26,7 +26,8 @@ Warnings (``warnings.warn`` categories)::
 
     UserWarning
     └── AsyncloadWarning                something works, not the way it was asked for
-        └── BlockedLoopWarning          a blocking call inside async code held a worker's loop
+        ├── BlockedLoopWarning          a blocking call inside async code held a worker's loop
+        └── StuckSampleWarning          a sample's fetch has awaited for minutes, loop turning
 
 Messages never contain credentials: every URL passes through ``redact_url``.
 """
@@ -55,6 +56,7 @@ __all__ = [
     "SampleErrorBudgetExceeded",
     "ServerError",
     "StorageError",
+    "StuckSampleWarning",
     "Timeout",
     "WorkerError",
     "add_note",
@@ -220,6 +222,23 @@ class BlockedLoopWarning(AsyncloadWarning):
     Examples:
         >>> import warnings, asyncload
         >>> warnings.simplefilter("error", asyncload.BlockedLoopWarning)  # make it fatal
+    """
+
+
+class StuckSampleWarning(AsyncloadWarning):
+    """A sample's fetch has awaited something for a long time while the loop went on turning.
+
+    Not a blocking call (``BlockedLoopWarning``): the event loop runs, but one
+    ``async def __getitem__`` waits on an await that never completes (a future nobody sets, a
+    lock never released, a request with no timeout). With ``timeout=0`` the DataLoader waits
+    for it for ever, as torch's does; this says which sample and where it waits. Raised once
+    per worker, naming the dataset, the index and the coroutine's stack.
+    ``ASYNCLOAD_STUCK_SAMPLE`` sets the threshold in seconds (default 300; ``0`` turns the
+    check off).
+
+    Examples:
+        >>> import warnings, asyncload
+        >>> warnings.simplefilter("error", asyncload.StuckSampleWarning)  # make it fatal
     """
 
 

@@ -9,6 +9,10 @@ Both run in plain threads, so they keep working while a sample holds the loop wi
   :class:`LoopBlocked` to the main process through the worker's result path. The main process
   raises a :class:`BlockedLoopWarning` once per worker (and again if a loop stays stuck for
   ``STUCK_FACTOR`` thresholds) and names the sample in a ``BatchTimeout`` (:class:`StallBoard`).
+* :class:`SampleWatch` — on the loop itself, every few seconds: a sample fetch that has awaited
+  for ``ASYNCLOAD_STUCK_SAMPLE`` seconds (300 by default, ``0`` turns it off) while the loop
+  turned is reported once per worker (:class:`SampleStuck`), with the coroutine's stack at its
+  current ``await``; the main process raises a :class:`StuckSampleWarning`.
 * :func:`watch_parent` — exits a worker whose main process died even when its loop never returns.
 * :func:`checked_fetch` — wraps every sample fetch: marks the frames the monitor blames, and
   refuses a sample that is itself a coroutine (an ``await`` forgotten in ``__getitem__``).
@@ -16,6 +20,7 @@ Both run in plain threads, so they keep working while a sample holds the loop wi
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import inspect
 import os
@@ -27,21 +32,26 @@ import threading
 import time
 import traceback
 import warnings
+import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
 from ._context import user_stacklevel
-from ._exceptions import BlockedLoopWarning
+from ._exceptions import BlockedLoopWarning, StuckSampleWarning
 
 __all__ = [
     "LoopBlocked",
     "LoopMonitor",
+    "SampleStuck",
+    "SampleWatch",
     "StallBoard",
     "checked_fetch",
     "parent_alive",
     "slow_callback_threshold",
+    "start_sample_watch",
+    "stuck_sample_threshold",
     "watch_parent",
 ]
 
@@ -64,19 +74,32 @@ _LIBRARY_DIRS = tuple(
 )
 
 
-def slow_callback_threshold() -> float | None:
-    """Seconds a loop may be held before it is reported; ``None``: don't watch."""
-    raw = os.environ.get(ENV_THRESHOLD, "").strip()
+ENV_STUCK_SAMPLE = "ASYNCLOAD_STUCK_SAMPLE"
+DEFAULT_STUCK_SAMPLE = 300.0
+
+
+def _seconds(name: str, default: float, what: str) -> float | None:
+    raw = os.environ.get(name, "").strip()
     if not raw:
-        return DEFAULT_THRESHOLD
+        return default
     try:
         value = float(raw)
     except ValueError:
         raise ValueError(
-            f"{ENV_THRESHOLD}={raw!r} is not a number: give seconds (e.g. 0.1), or 0 to turn the "
-            "blocked-loop warning off"
+            f"{name}={raw!r} is not a number: give seconds (e.g. {default:g}), or 0 to turn the "
+            f"{what} off"
         ) from None
     return value if value > 0 else None
+
+
+def stuck_sample_threshold() -> float | None:
+    """Seconds a sample may await before it is reported; ``None``: don't watch."""
+    return _seconds(ENV_STUCK_SAMPLE, DEFAULT_STUCK_SAMPLE, "stuck-sample warning")
+
+
+def slow_callback_threshold() -> float | None:
+    """Seconds a loop may be held before it is reported; ``None``: don't watch."""
+    return _seconds(ENV_THRESHOLD, DEFAULT_THRESHOLD, "blocked-loop warning")
 
 
 # ── the sample fetch every worker awaits ─────────────────────────────────────────────────────
@@ -299,6 +322,137 @@ def start_monitor(loop: Any, put: Callable[[object], None], worker_id: int) -> L
     return monitor
 
 
+# ── worker side: samples that await for ever ──────────────────────────────────────────────────
+
+
+@dataclass(frozen=True, slots=True)
+class SampleStuck:
+    """Worker → main: a sample's fetch has awaited for *waited_s* seconds, the loop turning."""
+
+    worker_id: int
+    waited_s: float
+    dataset: str
+    index: str
+    stack: str
+
+    def warning_text(self) -> str:
+        return (
+            f"asyncload: sample {self.index} of {self.dataset} in DataLoader worker "
+            f"{self.worker_id} has awaited for {self.waited_s:.0f} s without finishing (the "
+            "event loop runs: something it awaits never completes, such as a request without a "
+            "timeout, a future nobody sets or a lock never released). With timeout=0 the "
+            "DataLoader waits for it for ever; give the await a timeout "
+            "(`async with asyncio.timeout(...)`), or DataLoader(timeout=...). "
+            f"{ENV_STUCK_SAMPLE}=<seconds> sets the threshold (0: off). Where it waits:\n"
+            f"{self.stack}"
+        )
+
+
+def _await_chain(coro: Any) -> list[Any]:
+    """*coro* and what it awaits, outermost first (coroutines, generators, async generators)."""
+    chain: list[Any] = []
+    while coro is not None and len(chain) < 200:
+        chain.append(coro)
+        coro = (
+            getattr(coro, "cr_await", None)
+            or getattr(coro, "gi_yieldfrom", None)
+            or getattr(coro, "ag_await", None)
+        )
+    return chain
+
+
+def _describe_await(chain: list[Any]) -> str:
+    lines = []
+    for c in chain:
+        frame = getattr(c, "cr_frame", None) or getattr(c, "gi_frame", None)
+        frame = frame or getattr(c, "ag_frame", None)
+        if frame is not None:
+            code = frame.f_code
+            lines.append(f'  File "{code.co_filename}", line {frame.f_lineno}, in {code.co_name}')
+        else:
+            lines.append(f"  awaiting {type(c).__qualname__}: {c!r:.200}")
+    return "\n".join(lines)
+
+
+class SampleWatch:
+    """Reports, through *put*, the first sample fetch that awaits longer than *threshold*.
+
+    Runs on the loop (a timer every quarter threshold, at most every 5 s): the fetches it saw
+    last time and still sees have not finished since; nothing is added to a sample's path.
+    """
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        put: Callable[[object], None],
+        worker_id: int,
+        threshold: float,
+    ) -> None:
+        self._loop = loop
+        self._put = put
+        self._worker_id = worker_id
+        self._threshold = threshold
+        self._interval = min(threshold / 4, 5.0)
+        self._seen: dict[int, tuple[float, weakref.ref[Any]]] = {}
+        self._handle: asyncio.TimerHandle | None = None
+        self._warned = False
+
+    def start(self) -> None:
+        self._handle = self._loop.call_later(self._interval, self._check)
+
+    def stop(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+
+    def _check(self) -> None:
+        now = time.monotonic()
+        seen: dict[int, tuple[float, weakref.ref[Any]]] = {}
+        oldest: tuple[float, list[Any]] | None = None
+        for task in asyncio.all_tasks(self._loop):
+            chain = _await_chain(task.get_coro())
+            pos = next(
+                (i for i, c in enumerate(chain) if getattr(c, "cr_code", None) is _FETCH_CODE),
+                None,
+            )
+            if pos is None:
+                continue
+            coro = chain[pos]
+            key = id(coro)
+            known = self._seen.get(key)
+            since = known[0] if known is not None and known[1]() is coro else now
+            seen[key] = (since, weakref.ref(coro))
+            if oldest is None or since < oldest[0]:
+                oldest = (since, chain[pos:])
+        self._seen = seen
+        if oldest is not None and now - oldest[0] >= self._threshold and not self._warned:
+            self._warned = True  # once per worker
+            fetch = oldest[1][0]
+            local = fetch.cr_frame.f_locals if fetch.cr_frame is not None else {}
+            self._put(
+                SampleStuck(
+                    self._worker_id,
+                    now - oldest[0],
+                    str(local.get("name", "")),
+                    repr(local.get("index")),
+                    _describe_await(oldest[1]),
+                )
+            )
+        if not self._warned:
+            self._handle = self._loop.call_later(self._interval, self._check)
+
+
+def start_sample_watch(
+    loop: asyncio.AbstractEventLoop, put: Callable[[object], None], worker_id: int
+) -> SampleWatch | None:
+    """Start a :class:`SampleWatch` on *loop*, unless turned off."""
+    threshold = stuck_sample_threshold()
+    if threshold is None:
+        return None
+    watch = SampleWatch(loop, put, worker_id, threshold)
+    watch.start()
+    return watch
+
+
 # ── main side ─────────────────────────────────────────────────────────────────────────────────
 
 
@@ -306,11 +460,17 @@ class StallBoard:
     """The main process's view of its workers' blocked loops."""
 
     def __init__(self) -> None:
-        slow_callback_threshold()  # a bad ASYNCLOAD_SLOW_CALLBACK fails here, not in a worker
+        # A bad ASYNCLOAD_SLOW_CALLBACK or ASYNCLOAD_STUCK_SAMPLE fails here, not in a worker.
+        slow_callback_threshold()
+        stuck_sample_threshold()
         self._held: dict[int, tuple[LoopBlocked, float]] = {}
 
     def take(self, msg: object) -> bool:
-        """Handle *msg* if it is a :class:`LoopBlocked` (warn, remember); else ``False``."""
+        """Handle *msg* if it is a :class:`LoopBlocked` or :class:`SampleStuck` (warn,
+        remember); else ``False``."""
+        if isinstance(msg, SampleStuck):
+            warnings.warn(msg.warning_text(), StuckSampleWarning, stacklevel=user_stacklevel())
+            return True
         if not isinstance(msg, LoopBlocked):
             return False
         if msg.ended:

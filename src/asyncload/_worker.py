@@ -248,6 +248,7 @@ def run_engine(
     loop.set_default_executor(pool)
     asyncio.set_event_loop(loop)
     monitor = _watchdog.start_monitor(loop, put, cfg.worker_id)  # asyncload-guard hook
+    watch = _watchdog.start_sample_watch(loop, put, cfg.worker_id)
     try:
         engine = loop.run_until_complete(_make_engine(cfg, put, where, recorder))
         inbox: asyncio.Queue[object] = asyncio.Queue()
@@ -256,6 +257,8 @@ def run_engine(
     finally:
         if monitor is not None:  # asyncload-guard hook
             monitor.stop()
+        if watch is not None:
+            watch.stop()
         try:
             # Async generators the engine left suspended (a dataset's, cut off by Shutdown)
             # run their finally blocks in this loop, not at a garbage collection without it.

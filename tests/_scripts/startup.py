@@ -16,6 +16,13 @@ import asyncload
 from asyncload._context import resolve_context
 
 
+def _command(p: psutil.Process) -> str:
+    try:
+        return " ".join(p.cmdline())
+    except psutil.Error:  # exited a moment ago (a zombie until the server reaps it)
+        return ""
+
+
 def main() -> None:
 
     how = sys.argv[1]
@@ -41,7 +48,7 @@ def main() -> None:
         others = [
             p
             for p in psutil.Process().children(recursive=True)
-            if p.pid != server._forkserver_pid and "resource_tracker" not in " ".join(p.cmdline())
+            if p.pid != server._forkserver_pid and "resource_tracker" not in _command(p)
         ]
         _, alive = psutil.wait_procs(others, timeout=15)
         out["others"] = [" ".join(p.cmdline()) for p in alive]

@@ -31,7 +31,7 @@ from ._reaper import reaper
 from ._stop import release_elsewhere, stop_processes
 
 if TYPE_CHECKING:
-    from ._standby import Standby, StandbySlot
+    from ._standby import StandbySlot
 
 __all__ = ["PICKLE_WARNING", "ProcessWorkers"]
 
@@ -93,6 +93,7 @@ class ProcessWorkers:
         self._pin_thread: PinMemoryThread | None = None
         self._replies: Any = None
         self._context, self._slot, self._next_pass = context, standby, next_pass
+        reaper.own(self)  # until close(): NOTE [ Who stops workers ]
         _tuning.tune_main()  # this process unpickles every batch (see _tuning)
         self._tokens = [f"{os.getpid()}-{id(self):x}-{i}-{os.urandom(4).hex()}" for i in configs]
         for token in self._tokens:
@@ -118,32 +119,32 @@ class ProcessWorkers:
             except _Inherited:
                 # A multiprocessing.Value, Lock, Queue... reaches a process only as it starts,
                 # as torch's workers get it: new processes, and no standby for this loader.
-                reaper.submit(waiting.close)
+                waiting.retire()
                 waiting = None
                 if standby is not None:
                     standby.turn_off()
             except BaseException:  # nothing of this pass started: the standby set goes
-                reaper.submit(waiting.close)
+                waiting.retire()
                 self._closed = True
+                reaper.disown(self)
                 for token in self._tokens:
                     _shm.unregister_token(token)
                 raise
-        if waiting is not None:
+        if waiting is not None:  # this object owns them from now on, and stops them
             self._done_event, self._result_queue = waiting.done_event, waiting.result_queue
+            self._procs, self._index_queues = list(waiting.procs), list(waiting.index_queues)
+            reaper.disown(waiting)
         else:
             self._done_event = context.Event()
             self._result_queue = context.Queue()
         try:
             for i, cfg in enumerate(configs):
                 if waiting is not None:
-                    self._ship_one(waiting, cfg.worker_id, payloads[i])
+                    # (freed, payload): what Shipped became, pickled above.
+                    self._index_queues[i].put(((), payloads[i]))
                 else:
                     self._start_one(context, cfg, sent_objects)
         except BaseException:
-            if waiting is not None:  # those not given a config yet stop with the others
-                given = len(self._procs)
-                self._procs += waiting.procs[given:]
-                self._index_queues += waiting.index_queues[given:]
             self.close()
             raise
         if pin_device is not None:
@@ -197,13 +198,6 @@ class ProcessWorkers:
             if error is exc:
                 raise
             raise error from exc
-
-    def _ship_one(self, waiting: Standby, worker_id: int, payload: bytes) -> None:
-        """Give a standby process its pickled config."""
-        index_queue = waiting.index_queues[worker_id]
-        index_queue.put(((), payload))
-        self._index_queues.append(index_queue)
-        self._procs.append(waiting.procs[worker_id])
 
     def prepare_next(self) -> None:
         """This pass has sent its last task: start the next pass's processes meanwhile, once a
@@ -302,6 +296,7 @@ class ProcessWorkers:
         release_elsewhere(box)
         for token in self._tokens:
             _shm.unregister_token(token)
+        reaper.disown(self)
 
 
 # multiprocessing's words when an object can only reach a child as it starts

@@ -18,11 +18,17 @@ that exists for it, and a finalizer only hands it the job::
                               main thread (NOTE [ Ctrl-C and finalizers ] in ``_stop.py``)
                               every few seconds: reclaims idle standby processes
 
+Until the reaper has stopped them, the objects that own processes (a pass's workers, a standby
+set) are also held here (``Reaper.own``). A loader or a pass in a reference cycle becomes garbage
+as a whole: the collector clears weak references, and so runs multiprocessing's finalizers that
+unlink the queues' semaphores, *before* any ``__del__`` can hand the objects on. A worker still
+unpickling its queues then fails (``SemLock._rebuild`` → ``FileNotFoundError`` on its stderr).
+Held here, those objects are never part of the garbage.
+
 The thread is started on ordinary calls only (a loader built, a pass started), never from a
 finalizer. Where it can't run (a child made by ``os.fork()``, interpreter exit) a job waits in
 the queue for the next ordinary call, or runs in the caller when the caller may block (an
-explicit ``close()``, ``atexit``). A job that raises is reported with ``sys.unraisablehook``
-and the reaper goes on.
+explicit ``close()``, ``atexit``). A job that raises is printed to stderr and the reaper goes on.
 
 Standby processes (``_standby``) are bounded here too: at most ``max_standby_processes()`` of
 them across every loader of the process (``ASYNCLOAD_MAX_STANDBY``, default twice the usable
@@ -39,6 +45,7 @@ import queue
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from typing import Protocol
 
@@ -83,6 +90,18 @@ class Reaper:
         # Only ordinary calls take it (never a finalizer): it guards the thread's start.
         self._start_lock = threading.Lock()
         self.idle_hooks: list[Callable[[], None]] = []
+        self._owned: set[object] = set()  # see the module doc
+        # Held while a job runs, wherever it runs: at exit, what the thread is doing ends
+        # before multiprocessing's own exit handler joins the children.
+        self._job_lock = threading.Lock()
+
+    def own(self, obj: object) -> None:
+        """Keep *obj* (which owns processes) reachable until ``disown``: never cyclic garbage."""
+        self._owned.add(obj)
+
+    def disown(self, obj: object) -> None:
+        """*obj*'s processes are stopped."""
+        self._owned.discard(obj)
 
     def ensure_started(self) -> None:
         """Start the thread if it isn't running. Ordinary calls only, never a finalizer."""
@@ -104,6 +123,8 @@ class Reaper:
             self._thread = thread
 
     def _reset(self) -> None:
+        self._owned = set()
+        self._job_lock = threading.Lock()
         self._queue = queue.SimpleQueue()
         self._thread = None
         self._pid = os.getpid()
@@ -118,7 +139,7 @@ class Reaper:
         (an ordinary call that may block), *fn* runs in the caller when no reaper can run.
         """
         if self.on_reaper_thread():
-            _run_job(fn)
+            _run_job(fn)  # inside a job already
             return
         if wait:
             self.ensure_started()
@@ -129,7 +150,8 @@ class Reaper:
                 or self._pid != os.getpid()
                 or not threading.main_thread().is_alive()
             ):
-                _run_job(fn)  # interpreter exit, or no thread to be had
+                with self._job_lock:
+                    _run_job(fn)  # interpreter exit, or no thread to be had
                 return
         job = _Job(fn)
         self._queue.put(job)
@@ -158,7 +180,8 @@ class Reaper:
                 job = self._queue.get_nowait()
             except queue.Empty:
                 return
-            _run_job(job.fn)
+            with self._job_lock:
+                _run_job(job.fn)
             job.done.set()
 
     def _run(self) -> None:
@@ -169,34 +192,24 @@ class Reaper:
             except queue.Empty:
                 job = None
             if job is not None:
-                _run_job(job.fn)
+                with self._job_lock:
+                    _run_job(job.fn)
                 job.done.set()
                 del job  # its objects go here, not in the next wait's frame
             now = time.monotonic()
             if now - last_tick >= _TICK:
                 last_tick = now
                 for hook in list(self.idle_hooks):
-                    _run_job(hook)
+                    with self._job_lock:
+                        _run_job(hook)
 
 
 def _run_job(fn: Callable[[], object]) -> None:
     try:
         fn()
-    except Exception as exc:  # one failed stop must not stop the others
-        sys.unraisablehook(
-            _Unraisable(exc, "asyncload: stopping DataLoader workers failed", fn)  # type: ignore[arg-type]
-        )
-
-
-class _Unraisable:
-    """What ``sys.unraisablehook`` takes (``sys.UnraisableHookArgs`` can't be built)."""
-
-    def __init__(self, exc: BaseException, message: str, obj: object) -> None:
-        self.exc_type = type(exc)
-        self.exc_value = exc
-        self.exc_traceback = exc.__traceback__
-        self.err_msg = message
-        self.object = obj
+    except Exception:  # one failed stop must not stop the others; said where a user sees it
+        print("asyncload: stopping DataLoader workers failed:", file=sys.stderr)
+        traceback.print_exc()
 
 
 # Process-wide: it stops the workers of every loader, and one thread is all it takes.
@@ -205,6 +218,9 @@ reaper = Reaper()
 
 def _drain_at_exit() -> None:
     reaper._run_pending()
+    # The job the thread may be running (a daemon thread runs on during exit handlers).
+    if reaper._job_lock.acquire(timeout=WAIT_TIMEOUT):
+        reaper._job_lock.release()
 
 
 # atexit runs its handlers last-registered first: this one before multiprocessing's (which
@@ -256,22 +272,27 @@ class _Holder(Protocol):
 
 
 class StandbyBudget:
-    """Which standby sets are held, oldest first; who must make room for a new one.
+    """Standby processes alive: the sets slots hold or start (oldest first), and those on their
+    way out; who must make room for a new set.
 
-    Process-wide (``budget`` below): the bound is across every loader of the process.
+    Process-wide (``budget`` below): the bound is across every loader of the process. A set
+    counts from its slot's ``admit`` until a pass takes it or it has stopped (``stopping``,
+    then ``stopped``), so stops queued behind the reaper count too.
     """
 
     def __init__(self) -> None:
         # Re-entrant: release() runs in finalizers, maybe on a thread that holds it already
         # (a collection triggered inside admit()).
         self._lock = threading.RLock()
-        self._held: dict[_Holder, tuple[int, float]] = {}  # holder → (processes, since)
+        self._held: dict[_Holder, tuple[int, float]] = {}  # slot → (processes, since)
+        self._stopping: dict[object, int] = {}  # standby set → processes
 
     def admit(self, holder: _Holder, count: int) -> bool:
-        """Reserve *count* processes for *holder*; ``False``: none may be started.
+        """Reserve *count* processes for *holder*; ``False``: none may be started now.
 
-        Older sets are pushed out to make room. A set larger than the bound is admitted
-        alone (every other pushed out), so one loader's standby never exceeds its own workers.
+        Older sets are pushed out to make room. A set larger than the bound is admitted alone,
+        so one loader's standby never exceeds its own workers. While sets pushed out earlier
+        are still stopping and no room is left, none is admitted (the pass starts its own).
         """
         cap = max_standby_processes()
         if cap == 0 or count <= 0:
@@ -279,26 +300,38 @@ class StandbyBudget:
         victims: list[_Holder] = []
         with self._lock:
             self._held.pop(holder, None)
-            total = sum(n for n, _ in self._held.values())
+            stopping = sum(self._stopping.values())
+            total = stopping + sum(n for n, _ in self._held.values())
             for other in list(self._held):
                 if total + count <= cap:
                     break
                 victims.append(other)
                 total -= self._held.pop(other, (0, 0.0))[0]
-            self._held[holder] = (count, time.monotonic())
+            admitted = total + count <= cap or total == 0
+            if admitted:
+                self._held[holder] = (count, time.monotonic())
         for victim in victims:
             victim.evict()
-        return True
+        return admitted
 
     def release(self, holder: _Holder) -> None:
-        """*holder*'s set was taken by a pass or stopped."""
+        """*holder* holds no set any more (a pass took it, or it is ``stopping``)."""
         with self._lock:
             self._held.pop(holder, None)
 
-    def held(self) -> int:
-        """Processes reserved now."""
+    def stopping(self, standby: object, count: int) -> None:
+        """*standby*'s *count* processes are being stopped: they count until ``stopped``."""
         with self._lock:
-            return sum(n for n, _ in self._held.values())
+            self._stopping[standby] = count
+
+    def stopped(self, standby: object) -> None:
+        with self._lock:
+            self._stopping.pop(standby, None)
+
+    def alive(self) -> int:
+        """Standby processes reserved, running or stopping now."""
+        with self._lock:
+            return sum(self._stopping.values()) + sum(n for n, _ in self._held.values())
 
     def reclaim_idle(self) -> None:
         """Stop the sets that have waited longer than ``standby_idle_s()`` (the reaper's tick)."""
@@ -324,6 +357,7 @@ def _after_fork_in_child() -> None:
     reaper._reset()
     budget._lock = threading.RLock()
     budget._held.clear()
+    budget._stopping.clear()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -60,6 +60,7 @@ class Standby:
 
         self.context = context
         self.count = count
+        reaper.own(self)  # until close(): NOTE [ Who stops workers ] in _reaper.py
         self.done_event = context.Event()
         self.result_queue = context.Queue()
         self.index_queues: list[Any] = []
@@ -102,6 +103,13 @@ class Standby:
         self.result_queue = self.done_event = None
         stop_processes(*box)
         release_elsewhere(box)
+        reaper.disown(self)
+        budget.stopped(self)
+
+    def retire(self) -> None:
+        """Have the reaper stop these processes; they count against the budget until then."""
+        budget.stopping(self, self.count)
+        reaper.submit(self.close)
 
 
 class StandbySlot:
@@ -183,7 +191,7 @@ class StandbySlot:
             if keep:
                 self._standby = standby
         if not keep:
-            reaper.submit(standby.close)
+            standby.retire()
 
     def _settle(self) -> Standby | None:
         with self._lock:
@@ -201,7 +209,7 @@ class StandbySlot:
         ``None`` (and any that don't fit stopped) otherwise."""
         standby = self._settle()
         if standby is not None and not standby.fits(context, count):
-            reaper.submit(standby.close)
+            standby.retire()
             return None
         return standby
 
@@ -217,9 +225,9 @@ class StandbySlot:
         with self._lock:
             standby, self._standby = self._standby, None
             self._thread = None  # a start under way stops what it started when it ends
-        budget.release(self)
         if standby is not None:
-            reaper.submit(standby.close)
+            standby.retire()
+        budget.release(self)
 
     @property
     def held(self) -> bool:
@@ -248,9 +256,10 @@ class StandbySlot:
         with self._lock:
             standby, self._standby = self._standby, None
             self._thread = None
-        budget.release(self)
         if standby is not None:
+            budget.stopping(standby, standby.count)
             reaper.submit(standby.close, wait=wait)
+        budget.release(self)
 
 
 _slots: weakref.WeakSet[StandbySlot] = weakref.WeakSet()

@@ -1,0 +1,90 @@
+"""Passes dropped in reference cycles, their finalizers run by collections on other threads,
+one of them holding threading's start lock as a collection inside ``Thread.start()`` does,
+while another pass iterates: no finalizer may block (NOTE [ Who stops workers ]).
+
+Prints a JSON object: rounds, the slowest collection in seconds, batches the iterating pass
+gave.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from tests._datasets import SyncNumbers
+
+import asyncload
+
+
+def _in_a_cycle(obj: Any) -> None:
+    cycle: list[Any] = [obj]
+    cycle.append(cycle)
+
+
+def _collect_under_the_start_lock(took: list[float]) -> None:
+    # What a collection triggered inside Thread.start() looks like to a finalizer.
+    t0 = time.monotonic()
+    with threading._active_limbo_lock:  # type: ignore[attr-defined]
+        gc.collect()
+    took.append(time.monotonic() - t0)
+
+
+def _allocate(stop: threading.Event) -> None:
+    # Cycles in bursts, so that the collector also runs here of its own accord.
+    while not stop.is_set():
+        for _ in range(2000):
+            a: list[Any] = []
+            a.append(a)
+        time.sleep(0.002)
+
+
+def main(rounds: int) -> dict[str, Any]:
+    # What lives now stays: collections then look at new objects only, and stay quick.
+    gc.freeze()
+    iterating = asyncload.DataLoader(
+        SyncNumbers(10**6), batch_size=4, num_workers=2, persistent_workers=True
+    )
+    it = iter(iterating)
+    stop = threading.Event()
+    allocator = threading.Thread(target=_allocate, args=(stop,), daemon=True)
+    allocator.start()
+    took: list[float] = []
+    batches = 0
+    for r in range(rounds):
+        single = iter(asyncload.DataLoader(SyncNumbers(1000), batch_size=4, num_workers=0))
+        next(single)  # dropped mid-epoch
+        _in_a_cycle(single)
+        del single
+        if r % 25 == 0:  # now and then a pass with processes and a loader with a standby set
+            loader = asyncload.DataLoader(SyncNumbers(1000), batch_size=4, num_workers=2)
+            multi = iter(loader)
+            next(multi)
+            _in_a_cycle(multi)
+            _in_a_cycle(loader)
+            del multi, loader
+        collector = threading.Thread(target=_collect_under_the_start_lock, args=(took,))
+        collector.start()
+        collector.join(30)
+        if collector.is_alive():
+            print(json.dumps({"deadlock": r}), flush=True)
+            import os
+
+            os._exit(3)
+        next(it)
+        batches += 1
+    stop.set()
+    allocator.join(10)
+    del it, iterating
+    gc.collect()
+    return {"rounds": rounds, "slowest": max(took), "batches": batches}
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(int(sys.argv[1]) if len(sys.argv) > 1 else 200)), flush=True)
