@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import gc
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from ._azurite import AzuriteServer, azurite_context
@@ -31,28 +33,64 @@ def http_server(_http_server_session: ObjectServer) -> Iterator[ObjectServer]:
 
 def _shm_entries() -> set[str]:
     shm = Path("/dev/shm")
-    return {p.name for p in shm.iterdir()} if shm.exists() else set()
+    if not shm.exists():
+        return set()
+    # torch's tensors, asyncload's blocks, and multiprocessing's semaphores (queues, events).
+    return {
+        p.name for p in shm.iterdir() if any(k in p.name for k in ("torch", "asyncload", "mp-"))
+    }
 
 
-@pytest.fixture
+# Threads that live as long as the process by design: the one that stops workers, and the
+# loop behind read_sync / list_files from sync code.
+_LONG_LIVED = ("asyncload-reaper", "asyncload-sync")
+
+
+def _threads() -> set[threading.Thread]:
+    return {
+        t
+        for t in threading.enumerate()
+        if t.name.startswith("asyncload") and not t.name.startswith(_LONG_LIVED)
+    }
+
+
+def _left(before: tuple[set[int], set[threading.Thread], set[str]]) -> list[str]:
+    procs, threads, shm = before
+    left = []
+    for p in worker_processes():
+        if p.pid not in procs:
+            try:
+                left.append(f"process {p.pid}: {' '.join(p.cmdline())}")
+            except psutil.Error:  # exited a moment ago
+                continue
+    left += [f"thread {t.name}" for t in _threads() - threads if t.is_alive()]
+    left += [f"/dev/shm/{n}" for n in sorted(_shm_entries() - shm)]
+    return left
+
+
+@pytest.fixture(autouse=True)
 def no_leaks() -> Iterator[None]:
-    """Fail the test if it leaves worker processes or /dev/shm entries behind."""
-    before = {p.pid for p in worker_processes()}
-    before_shm = _shm_entries()
+    """Fail the test if it leaves a worker process, an asyncload thread or a /dev/shm entry
+    behind (as torch's tests check for leaked workers). Every test, by default."""
+    before = ({p.pid for p in worker_processes()}, _threads(), _shm_entries())
     yield
-    deadline = time.monotonic() + 10
+    if not _left(before):
+        return
+    from asyncload._workers import reaper
+
+    deadline = time.monotonic() + 15
     while True:
         # pytest.raises keeps the exception, whose traceback holds the test's frame and thus
         # the loader's iterator: a reference cycle only the collector frees. Real programs drop
-        # the exception at the end of `except`, and the iterator with it.
+        # the exception at the end of `except`, and the iterator with it. Stops the reaper was
+        # handed meanwhile take a moment (NOTE [ Who stops workers ]).
         gc.collect()
-        left = [p for p in worker_processes() if p.pid not in before]
+        reaper.drain(5)
+        left = _left(before)
         if not left or time.monotonic() > deadline:
             break
         time.sleep(0.05)
-    assert not left, f"processes left behind: {[(p.pid, p.cmdline()) for p in left]}"
-    new_shm = {n for n in _shm_entries() - before_shm if "torch" in n or "asyncload" in n}
-    assert not new_shm, f"shared memory left behind: {sorted(new_shm)}"
+    assert not left, f"left behind by the test: {left}"
 
 
 # -- S3 (moto) -----------------------------------------------------------------------------

@@ -88,6 +88,21 @@ def server_pid() -> int | None:
     return pid
 
 
+# asyncload's own long-lived threads that may run when the server is forked (the reaper, which
+# stops workers): thread → a lock it holds whenever it does anything but wait. Forking with
+# every such lock held leaves nothing of theirs half-done in the server, where they don't run.
+_quiet: dict[threading.Thread, threading.Lock] = {}
+
+
+def register_quiet_thread(thread: threading.Thread, busy: threading.Lock) -> None:
+    """*thread* holds *busy* whenever it works; it may run while the server is forked."""
+    _quiet[thread] = busy
+
+
+def _quiet_threads() -> list[threading.Thread]:
+    return [t for t in list(_quiet) if t.is_alive()]
+
+
 def unsafe_reason() -> str | None:
     """Why the forkserver must not be forked from this process now, or ``None``."""
     if sys.platform != "linux" or not hasattr(os, "fork") or not os.path.isdir(_TASKS):
@@ -95,9 +110,11 @@ def unsafe_reason() -> str | None:
     reason = _guards.fork_unsafe_reason()
     if reason is not None:
         return reason
-    if threading.active_count() > 1:  # asyncload's own threads too: the server lives long
+    quiet = _quiet_threads()
+    # asyncload's other threads too: the server lives long
+    if threading.active_count() - len(quiet) > 1:
         return "another Python thread runs"
-    if not _threads() <= _AT_IMPORT:
+    if not _threads() - {str(t.native_id) for t in quiet} <= _AT_IMPORT:
         return "threads started since asyncload was imported"
     return None
 
@@ -120,6 +137,14 @@ def fork_server() -> bool:
             return original(path, args, passfds)
         return _fork(words[at], words[at + 1 :], passfds, original)
 
+    held: list[threading.Lock] = []
+    for thread in _quiet_threads():  # each waits, holding nothing, until the fork is done
+        busy = _quiet[thread]
+        if not busy.acquire(timeout=5.0):
+            for lock in held:
+                lock.release()
+            return False
+        held.append(busy)
     util.spawnv_passfds = fork_or_spawn  # no other Python thread runs (checked above)
     try:
         forkserver.ensure_running()
@@ -127,6 +152,8 @@ def fork_server() -> bool:
         return False
     finally:
         util.spawnv_passfds = original
+        for lock in held:
+            lock.release()
     return True
 
 

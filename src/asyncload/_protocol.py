@@ -42,8 +42,11 @@ iterator is garbage, on an exception out of ``next()`` other than a failed batch
 to the loader; a pass's processes may have been waiting for their config since the loader was
 built (its first pass) or, without persistent workers, since the pass before sent its last task
 (``_workers._standby``).
-``ProcessWorkers.close``, through ``_workers._stop.stop_processes`` (which also stops
-standby processes no pass took), is the shutdown sequence:
+``Pass.close`` never stops the workers itself: it hands ``Workers.close`` to the reaper thread
+and waits for it (a finalizer does not wait): NOTE [ Who stops workers ] in
+``_workers/_reaper.py``. There, ``ProcessWorkers.close``, through
+``_workers._stop.stop_processes`` (which also stops standby processes no pass took), is the
+shutdown sequence:
 
 1. set ``done_event`` (workers stop putting results; pin thread stops);
 2. put ``Shutdown`` on every index queue; the worker's reader thread forwards it to the engine,

@@ -49,6 +49,8 @@ import traceback
 from collections.abc import Callable
 from typing import Protocol
 
+from .. import _forkserver
+
 __all__ = [
     "StandbyBudget",
     "max_standby_processes",
@@ -185,6 +187,9 @@ class Reaper:
             job.done.set()
 
     def _run(self) -> None:
+        # It may run while the fork server is forked from this process: it holds the job lock
+        # whenever it works (see _forkserver).
+        _forkserver.register_quiet_thread(threading.current_thread(), self._job_lock)
         last_tick = time.monotonic()
         while True:
             try:

@@ -35,6 +35,7 @@ import multiprocessing
 import multiprocessing.util  # its exit handler must be registered before ours (see the end)
 import os
 import threading
+import time
 import weakref
 from typing import Any
 
@@ -176,6 +177,15 @@ class StandbySlot:
     def _start(
         self, context: Any, count: int, storage: StorageConfig | None, pool_size: int
     ) -> None:
+        _starting.add(threading.current_thread())
+        try:
+            self._start_set(context, count, storage, pool_size)
+        finally:
+            _starting.discard(threading.current_thread())
+
+    def _start_set(
+        self, context: Any, count: int, storage: StorageConfig | None, pool_size: int
+    ) -> None:
         try:
             standby = Standby(context, count, storage, pool_size)
         except Exception:  # the next pass starts its own workers, and reports what fails
@@ -263,9 +273,16 @@ class StandbySlot:
 
 
 _slots: weakref.WeakSet[StandbySlot] = weakref.WeakSet()
+# Starts under way, also those of slots already collected: at exit each must end before the
+# interpreter tears down what it uses (a start cut off mid-way leaves the forkserver printing
+# an EOFError), and what it started is then stopped.
+_starting: set[threading.Thread] = set()
 
 
 def _close_at_exit() -> None:
+    deadline = time.monotonic() + JOIN_TIMEOUT
+    for thread in list(_starting):
+        thread.join(max(0.0, deadline - time.monotonic()))
     for slot in list(_slots):
         if slot._pid != os.getpid():  # a copy in a child made by os.fork(): not its processes
             continue
