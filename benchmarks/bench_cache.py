@@ -45,7 +45,8 @@ from _peers import BUCKET, installed, litdata_dataset
 from _server import ObjectServerProcess, object_bytes
 
 import asyncload
-from asyncload import _cache, _storage
+from asyncload._storage import api as _storage
+from asyncload._storage import cache as _cache
 
 SIZE = 100_000
 LATENCY = 0.05

@@ -31,8 +31,8 @@ import psutil
 import torch
 
 import asyncload
-from asyncload._forkserver import server_pid
-from asyncload._workers import reaper
+from asyncload._workers.reaper import reaper
+from asyncload._workers.start_method.forkserver import server_pid
 
 WAYS = ("never", "one", "epoch", "raise")
 warnings.filterwarnings("ignore", message="This DataLoader will create")  # 4 workers, 2 cores

@@ -130,7 +130,7 @@ async def _bench(
     import aiohttp
 
     import asyncload
-    from asyncload import _storage
+    from asyncload._storage import api as _storage
 
     base = f"http://127.0.0.1:{http_port}"
     _storage.set_pool_size(CONCURRENCY)

@@ -50,7 +50,7 @@ import aiohttp
 from _server import ObjectServerProcess, object_bytes
 
 import asyncload
-from asyncload import _storage
+from asyncload._storage import api as _storage
 
 SIZE = 100_000
 IN_FLIGHT = 256

@@ -14,7 +14,7 @@ import sys
 import time
 
 import asyncload
-from asyncload import _cache_dir
+from asyncload._storage import cache_dir as _cache_dir
 
 
 async def read_all(urls: list[str]) -> int:

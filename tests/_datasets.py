@@ -371,7 +371,7 @@ class StoresBuilt(asyncload.Dataset[tuple[int, int]]):
         return 2
 
     async def __getitem__(self, index: int) -> tuple[int, int]:
-        from asyncload import _storage
+        from asyncload._storage import api as _storage
 
         backend: Any = _storage.backend_for("s3://asyncload-standby")
         before = len(backend._stores)

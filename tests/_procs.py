@@ -13,7 +13,7 @@ from typing import Any
 import psutil
 
 import asyncload
-from asyncload._forkserver import server_pid
+from asyncload._workers.start_method.forkserver import server_pid
 
 SCRIPTS = Path(__file__).resolve().parent / "_scripts"
 _SRC = str(Path(asyncload.__file__).resolve().parent.parent)

@@ -76,7 +76,7 @@ def no_leaks() -> Iterator[None]:
     yield
     if not _left(before):
         return
-    from asyncload._workers import reaper
+    from asyncload._workers.reaper import reaper
 
     deadline = time.monotonic() + 15
     while True:
@@ -109,7 +109,7 @@ def s3_server(_s3_server_session: S3Server, monkeypatch: pytest.MonkeyPatch) -> 
     Storage settings and cached stores are reset around the test so the environment is read
     afresh.
     """
-    from asyncload import _storage
+    from asyncload._storage import api as _storage
 
     for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT"):
         monkeypatch.delenv(name, raising=False)
@@ -146,7 +146,7 @@ def _azurite_session() -> Iterator[AzuriteServer]:
 @pytest.fixture
 def gcs_server(_gcs_session: GcsServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[GcsServer]:
     """fake-gcs-server on 127.0.0.1 (and its fault proxy), no cloud variables set."""
-    from asyncload import _storage
+    from asyncload._storage import api as _storage
 
     for name in _CLOUD_ENV:
         monkeypatch.delenv(name, raising=False)
@@ -161,7 +161,7 @@ def azurite(
     _azurite_session: AzuriteServer, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[AzuriteServer]:
     """Azurite's blob service on 127.0.0.1 (and its fault proxy), no cloud variables set."""
-    from asyncload import _storage
+    from asyncload._storage import api as _storage
 
     for name in _CLOUD_ENV:
         monkeypatch.delenv(name, raising=False)
@@ -181,7 +181,7 @@ def clean_storage() -> Iterator[None]:
     aiohttp sessions need no teardown here: each is closed when its event loop shuts down
     (pytest-asyncio's runner calls ``shutdown_asyncgens``), which this also exercises.
     """
-    from asyncload import _storage
+    from asyncload._storage import api as _storage
 
     _storage.reset()
     yield

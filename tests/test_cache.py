@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 import asyncload
-from asyncload import _cache, _storage
+from asyncload._storage import api as _storage
+from asyncload._storage import cache as _cache
 
 from ._http_server import ObjectServer
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from asyncload import _cache_dir
-from asyncload._cache_dir import CacheDir
+from asyncload._storage import cache_dir as _cache_dir
+from asyncload._storage.cache_dir import CacheDir
 
 
 def make(tmp_path: Path, max_bytes: int | None = None) -> CacheDir:

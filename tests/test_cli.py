@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from asyncload import _demo_server, cli
+from asyncload import cli
+from asyncload.cli import demo_server as _demo_server
 
 from ._http_server import ObjectServer
 
@@ -234,7 +235,7 @@ def _demo_latency(
 ) -> tuple[float, str]:
     """The embedded store's latency in seconds that ``demo`` *argv* would run with, and its
     stderr; the demo itself is replaced by a stub that records its settings."""
-    from asyncload import _demo
+    from asyncload.cli import demo as _demo
 
     seen: list[Any] = []
 
@@ -374,7 +375,7 @@ def test_serve_bad_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str])
 
 
 def test_serve_folder_objects_and_demo_data(tmp_path: Path) -> None:
-    from asyncload._serve import FolderObjects
+    from asyncload.cli.serve import FolderObjects
 
     (tmp_path / "a.txt").write_bytes(b"A")
     objects = FolderObjects(tmp_path)
@@ -386,8 +387,8 @@ def test_serve_folder_objects_and_demo_data(tmp_path: Path) -> None:
 
 
 def _setting(workers: int, conc: int, rate: float, p50: float, p99: float) -> Any:
-    from asyncload._bench import Setting
-    from asyncload._stats import LoaderStats
+    from asyncload._stats.loader_stats import LoaderStats
+    from asyncload.cli.bench import Setting
 
     stats = LoaderStats(
         elapsed_s=1.0, samples=1000, bytes=0, batches=10, samples_per_s=rate, bytes_per_s=0.0,
@@ -398,7 +399,7 @@ def _setting(workers: int, conc: int, rate: float, p50: float, p99: float) -> An
 
 
 def test_objectives_weigh_latency_or_not() -> None:
-    from asyncload._bench import recommend
+    from asyncload.cli.bench import recommend
 
     # The issue's sweep: +50% samples/s for 27× the latency.
     results = [_setting(1, 4, 100.0, 0.024, 0.03), _setting(1, 64, 150.0, 0.655, 0.8)]
@@ -410,7 +411,7 @@ def test_objectives_weigh_latency_or_not() -> None:
 
 
 def test_backlog_note_and_latency_resolution() -> None:
-    from asyncload._bench import backlog_suspects, fmt_ms
+    from asyncload.cli.bench import backlog_suspects, fmt_ms
 
     fine = _setting(1, 8, 300.0, 0.02, 0.05)
     dropped = _setting(1, 128, 60.0, 0.03, 1.04)  # p99 ≈ p50 + 1 s: one SYN retry

@@ -11,7 +11,7 @@ import math
 
 import pytest
 
-from asyncload._concurrency import (
+from asyncload._storage.concurrency import (
     AdaptiveLimiter,
     ControlConfig,
     LimitController,

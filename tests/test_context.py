@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import asyncload
-from asyncload._context import resolve_context
+from asyncload._workers.start_method.context import resolve_context
 
 from ._datasets import FrozenCount, InitMark, init_marks_worker
 

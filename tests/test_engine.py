@@ -18,10 +18,9 @@ import numpy as np
 import pytest
 
 import asyncload
-from asyncload import _metrics
 from asyncload._engine import Engine, WorkerConfig
 from asyncload._engine import _map as _engine_map
-from asyncload._protocol import (
+from asyncload._protocol.messages import (
     Exhausted,
     Failure,
     IndexTask,
@@ -31,6 +30,7 @@ from asyncload._protocol import (
     Shutdown,
     StartPass,
 )
+from asyncload._stats import recorder as _metrics
 
 
 class Jittery(asyncload.Dataset[int]):

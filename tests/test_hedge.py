@@ -12,9 +12,11 @@ from typing import Any
 import pytest
 
 import asyncload
-from asyncload import _hedge, _stats, _storage
 from asyncload._exceptions import NotFound, ServerError
-from asyncload._retry import AttemptFailed
+from asyncload._stats import loader_stats as _stats
+from asyncload._storage import api as _storage
+from asyncload._storage import hedge as _hedge
+from asyncload._storage.retry import AttemptFailed
 
 from ._http_server import ObjectServer
 

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 import asyncload
-from asyncload import _hedge, _storage
+from asyncload._storage import api as _storage
+from asyncload._storage import hedge as _hedge
 
 from ._http_server import ObjectServer
 from .datasets.test_tar import make_tar, shard_members

@@ -18,10 +18,10 @@ import pytest
 import torch
 
 import asyncload
-from asyncload._lookahead import LookAhead, batch_nbytes
-from asyncload._pass import Pass
-from asyncload._protocol import IndexTask, Result
-from asyncload._spec import PassSpec
+from asyncload._loader.lookahead import LookAhead, batch_nbytes
+from asyncload._loader.pass_iterator import Pass
+from asyncload._loader.spec import PassSpec
+from asyncload._protocol.messages import IndexTask, Result
 
 from .test_pass import FakeWorkers, _spec, _torch_order
 

@@ -15,8 +15,10 @@ import torch
 import torch.utils.data
 
 import asyncload
-from asyncload._pass import Pass, State
-from asyncload._protocol import (
+from asyncload._checkpoint.resume import ResumePoint
+from asyncload._loader.pass_iterator import Pass, State
+from asyncload._loader.spec import PassSpec
+from asyncload._protocol.messages import (
     Failure,
     IndexTask,
     PassStarted,
@@ -25,8 +27,6 @@ from asyncload._protocol import (
     Shutdown,
     StartPass,
 )
-from asyncload._resume import ResumePoint
-from asyncload._spec import PassSpec
 
 
 class FakeWorkers:

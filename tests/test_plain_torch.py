@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import asyncload
-from asyncload import _plain
+from asyncload._dataset import plain as _plain
 from tests._datasets import Numbers, put_numbers
 from tests._http_server import ObjectServer
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from asyncload._workers import _reaper
-from asyncload._workers._reaper import Reaper, StandbyBudget
+from asyncload._workers import reaper as _reaper
+from asyncload._workers.reaper import Reaper, StandbyBudget
 
 from ._procs import run_script
 

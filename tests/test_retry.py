@@ -8,9 +8,9 @@ import time
 import pytest
 
 import asyncload
-from asyncload import _stats
 from asyncload._exceptions import NotFound, ServerError
-from asyncload._retry import AttemptFailed, retrying
+from asyncload._stats import loader_stats as _stats
+from asyncload._storage.retry import AttemptFailed, retrying
 
 
 def test_defaults_and_validation() -> None:
@@ -126,7 +126,7 @@ async def test_deadline_stops_retrying() -> None:
 
 @pytest.mark.asyncio
 async def test_configure_picks_longest_prefix() -> None:
-    from asyncload import _storage
+    from asyncload._storage import api as _storage
 
     try:
         _storage.configure("s3://", read_timeout=1.0)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import asyncload
-from asyncload import _sharding
+from asyncload._dataset import sharding as _sharding
 
 
 def _as(worker: int, workers: int, rank: int = 0, world: int = 1) -> None:

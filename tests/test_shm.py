@@ -19,9 +19,9 @@ import torch
 import torch.utils.data
 
 import asyncload
-from asyncload import _shm
-from asyncload._protocol import Failure, Result
-from asyncload._queues import INLINE_MAX, Packed, pack, unpack
+from asyncload._protocol.messages import Failure, Result
+from asyncload._transfer import shm as _shm
+from asyncload._transfer.pickling import INLINE_MAX, Packed, pack, unpack
 
 pytestmark = [
     pytest.mark.usefixtures("no_leaks"),
@@ -403,7 +403,7 @@ def test_a_stashed_batch_of_mixed_pieces_comes_back_whole() -> None:
 def test_pieces_count_bytes_whatever_the_buffers_format() -> None:
     # Under pickle protocol 5 (Python 3.14's default) the pickler hands an array's own buffer
     # to write(): 300 rows of float64, whose len() is 300.
-    from asyncload._queues import _Pieces
+    from asyncload._transfer.pickling import _Pieces
 
     array = np.ones((300, 300))
     out = _Pieces()

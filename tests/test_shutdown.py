@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 import asyncload
-from asyncload._workers._stop import release_elsewhere
+from asyncload._workers.stop import release_elsewhere
 
 from ._datasets import (
     BigTensors,

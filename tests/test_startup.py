@@ -20,16 +20,16 @@ from ._procs import run_script
 @pytest.mark.parametrize("how", ["string", "context"])
 def test_an_explicit_forkserver_gets_the_preload(how: str) -> None:
     out = run_script("startup.py", how)
-    assert "asyncload._worker" in out["preload"]
+    assert "asyncload._workers.child" in out["preload"]
 
 
 @pytest.mark.timeout(120)
 def test_building_a_loader_starts_the_forkserver_in_the_background() -> None:
     out = run_script("startup.py", "loader")
     assert out["started"] is True
-    assert "asyncload._worker" in out["preload"]
+    assert "asyncload._workers.child" in out["preload"]
     assert out["others"] == []  # no worker: those start at iter()
-    assert "asyncload._preload" in out["preload"]
+    assert "asyncload._workers.start_method.preload" in out["preload"]
     # The server imported what every worker would import, and the main process did not.
     expected = ["uvloop"] + (["obstore"] if importlib.util.find_spec("obstore") else [])
     assert out["server_has"] == expected
@@ -45,7 +45,7 @@ def test_a_loader_dropped_before_iterating_leaves_nothing_behind() -> None:
 
 
 def test_the_early_start_happens_once_per_process() -> None:
-    from asyncload import _context
+    from asyncload._workers.start_method import context as _context
 
     # Once per process: a second loader does not start another thread.
     asyncload.DataLoader(list(range(8)), num_workers=1)

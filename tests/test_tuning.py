@@ -8,7 +8,7 @@ import sys
 import pytest
 
 import asyncload
-from asyncload import _tuning
+from asyncload._workers import tuning as _tuning
 
 from ._datasets import GcThreshold, init_sets_gc_threshold
 from ._procs import run_script

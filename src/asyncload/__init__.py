@@ -17,13 +17,12 @@ Examples:
 
 from __future__ import annotations
 
-from ._cache import CacheCounts, CacheWarning
-from ._cache import counts as cache_counts
-from ._context import AsyncloadWarning
-from ._dataset import Dataset, IterableDataset
-from ._elastic_iter import ElasticIterable, merge_state_dicts
+from ._checkpoint.elastic_iter import ElasticIterable, merge_state_dicts
+from ._dataset.base import Dataset, IterableDataset
+from ._dataset.sharding import WorkerInfo, get_worker_info, shard
 from ._exceptions import (
     ArchiveError,
+    AsyncloadWarning,
     BatchTimeout,
     BlockedLoopWarning,
     ConnectError,
@@ -43,14 +42,10 @@ from ._exceptions import (
     Timeout,
     WorkerError,
 )
-from ._hedge import HedgeCounts
-from ._hedge import counts as hedge_counts
-from ._loader import DataLoader
+from ._loader.loader import DataLoader
 from ._redact import redact_url
-from ._retry import Hedge, Retry
-from ._sharding import WorkerInfo, get_worker_info, shard
-from ._stats import LoaderStats
-from ._storage import (
+from ._stats.loader_stats import LoaderStats
+from ._storage.api import (
     ObjectInfo,
     StorageOptions,
     aclose,
@@ -63,6 +58,11 @@ from ._storage import (
     stat,
     stream,
 )
+from ._storage.cache import CacheCounts, CacheWarning
+from ._storage.cache import counts as cache_counts
+from ._storage.hedge import HedgeCounts
+from ._storage.hedge import counts as hedge_counts
+from ._storage.retry import Hedge, Retry
 from .datasets import Mix, RemoteFiles, ShardStats, ShardSummary, TarShards, write_shards
 
 __version__ = "0.1.0"

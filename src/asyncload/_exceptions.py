@@ -34,7 +34,9 @@ Messages never contain credentials: every URL passes through ``redact_url``.
 
 from __future__ import annotations
 
+import os
 import sys
+from types import FrameType
 
 from ._redact import redact_url
 
@@ -60,6 +62,7 @@ __all__ = [
     "Timeout",
     "WorkerError",
     "add_note",
+    "user_stacklevel",
 ]
 
 
@@ -261,3 +264,21 @@ class SampleErrorBudgetExceeded(LoadError, RuntimeError):
         ...     ds, sample_errors="skip", max_sample_errors=10
         ... )  # doctest: +SKIP
     """
+
+
+PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+"""The asyncload package's folder: a frame whose file lies under it is asyncload's own."""
+
+
+def user_stacklevel() -> int:
+    """The ``stacklevel`` that points a warning raised by our caller at the user's line.
+
+    Counts the frames up to the first one outside the asyncload package (works before
+    Python 3.12's ``skip_file_prefixes``).
+    """
+    level = 1
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename.startswith(PACKAGE_DIR):
+        frame = frame.f_back
+        level += 1
+    return level

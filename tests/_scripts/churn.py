@@ -27,7 +27,7 @@ from tests._datasets import SyncNumbers
 from tests._procs import worker_processes
 
 import asyncload
-from asyncload._workers import reaper
+from asyncload._workers.reaper import reaper
 
 WAYS = ("never", "one", "epoch", "raise")
 # torch's advice about 4 workers on a 2-core machine: not what this script looks at.

@@ -18,7 +18,7 @@ import time
 import torch
 
 import asyncload
-from asyncload._forkserver import server_pid
+from asyncload._workers.start_method.forkserver import server_pid
 
 SET_BEFORE_THE_LOADER = 0
 

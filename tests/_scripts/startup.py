@@ -13,7 +13,7 @@ from multiprocessing import forkserver
 import psutil
 
 import asyncload
-from asyncload._context import resolve_context
+from asyncload._workers.start_method.context import resolve_context
 
 
 def _command(p: psutil.Process) -> str:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import asyncload
-from asyncload import _storage
+from asyncload._storage import api as _storage
 from asyncload.datasets import RemoteFiles
 
 from .._http_server import ObjectServer

@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from asyncload import StorageError, _storage
+from asyncload import StorageError
+from asyncload._storage import api as _storage
 from asyncload.datasets import ShardSummary, TarShards, write_shards
 
 from .._s3_server import ACCESS_KEY, REGION, SECRET_KEY, S3Server

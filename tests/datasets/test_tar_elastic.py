@@ -181,8 +181,8 @@ def test_world_size_change_needs_every_rank_merged(
 
 def test_pinning_a_batch_keeps_its_tags() -> None:
     """The pin-memory thread rebuilds each Result: tags (and skip counts) must survive it."""
-    from asyncload._pin_memory import pin
-    from asyncload._protocol import Result
+    from asyncload._protocol.messages import Result
+    from asyncload._workers.pin_memory import pin
 
     msg = Result(3, 0, 1, "not a tensor", None, (), 4, ((7, 0, ()),))
     pinned = pin(msg, "cuda")

@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 
 import asyncload
-from asyncload import _stats, _storage
 from asyncload._exceptions import (
     InvalidURL,
     NotFound,
@@ -22,9 +21,11 @@ from asyncload._exceptions import (
     PermissionDenied,
     ServerError,
 )
-from asyncload._retry import AttemptFailed
-from asyncload.sources import _s3
-from asyncload.sources._base import Resume
+from asyncload._stats import loader_stats as _stats
+from asyncload._storage import api as _storage
+from asyncload._storage.backends import s3 as _s3
+from asyncload._storage.backends.base import Resume
+from asyncload._storage.retry import AttemptFailed
 
 from ..datasets.test_tar import make_tar, shard_members
 

@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 
 import asyncload
-from asyncload import _stats, _storage
 from asyncload._exceptions import (
     ConnectError,
     NotFound,
@@ -25,8 +24,10 @@ from asyncload._exceptions import (
     ServerError,
     StorageError,
 )
-from asyncload.sources import _base
-from asyncload.sources._base import AttemptFailed, encode_url
+from asyncload._stats import loader_stats as _stats
+from asyncload._storage import api as _storage
+from asyncload._storage.backends import base as _base
+from asyncload._storage.backends.base import AttemptFailed, encode_url
 
 from .._http_server import ObjectServer, serve_in_thread, stop
 

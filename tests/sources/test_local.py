@@ -10,7 +10,7 @@ import pytest
 
 import asyncload
 from asyncload._exceptions import InvalidURL, NotFound, PermissionDenied, StorageError
-from asyncload.sources import _local
+from asyncload._storage.backends import local as _local
 
 pytestmark = pytest.mark.usefixtures("clean_storage")
 
@@ -150,8 +150,8 @@ async def test_ordinary_missing_paths_get_no_url_hint(tree: Path) -> None:
 @pytest.mark.asyncio
 async def test_stream_resume_of_a_replaced_file_is_refused(tree: Path) -> None:
     from asyncload._exceptions import ObjectChanged
-    from asyncload._retry import AttemptFailed
-    from asyncload.sources._base import DEFAULT_OPTIONS, Resume
+    from asyncload._storage.backends.base import DEFAULT_OPTIONS, Resume
+    from asyncload._storage.retry import AttemptFailed
 
     path = tree / "d" / "b.bin"
     resume = Resume()
@@ -177,7 +177,7 @@ async def test_stream_resume_of_a_replaced_file_is_refused(tree: Path) -> None:
 def test_a_stream_cancelled_while_its_file_opens_leaves_it_closed(tmp_path: Path) -> None:
     """The open() runs in a thread; whichever of it and the cancelled task comes second
     closes the file (aiofiles' open left it to the garbage collector: a ResourceWarning)."""
-    from asyncload.sources._local import _Opening
+    from asyncload._storage.backends.local import _Opening
 
     path = tmp_path / "f"
     path.write_bytes(b"x")

@@ -18,8 +18,8 @@ import aiohttp
 import pytest
 
 import asyncload
-from asyncload import _storage
-from asyncload.sources import _pacing
+from asyncload._storage import api as _storage
+from asyncload._storage.backends import pacing as _pacing
 
 from .._http_server import ObjectServer
 

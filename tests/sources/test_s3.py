@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 import asyncload
-from asyncload import _stats, _storage
 from asyncload._exceptions import ConnectError, InvalidURL, NotFound, PermissionDenied, ServerError
-from asyncload.sources import _s3
+from asyncload._stats import loader_stats as _stats
+from asyncload._storage import api as _storage
+from asyncload._storage.backends import s3 as _s3
 
 from .._http_server import ObjectServer, serve_in_thread, stop
 from .._s3_server import ACCESS_KEY, REGION, SECRET_KEY, S3Server
@@ -302,7 +303,7 @@ def test_misspelt_credential_key_is_refused_at_configure() -> None:
 
 @pytest.mark.asyncio
 async def test_endpoint_option_works_for_every_scheme() -> None:
-    from asyncload.sources._cloud_config import store_config
+    from asyncload._storage.backends.cloud import store_config
 
     opts = asyncload.StorageOptions(endpoint="http://127.0.0.1:1234")
     assert store_config("s3", opts)[0]["endpoint"] == "http://127.0.0.1:1234"

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 import torch.utils.data
 
-from ._resume import Progress
+from .resume import Progress
 
 __all__ = ["Position", "Remainder", "plan", "position", "share_length"]
 

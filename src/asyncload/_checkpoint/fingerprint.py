@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.utils.data
 
-from ._elastic_iter import ElasticIterable
+from .elastic_iter import ElasticIterable
 
 __all__ = ["check", "fingerprint"]
 

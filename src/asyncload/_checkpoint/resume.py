@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from ._elastic_iter import Delivered, Tag
+from .elastic_iter import Delivered, Tag
 
 __all__ = ["Progress", "ResumePoint", "capture_rng", "restore_rng"]
 

@@ -24,7 +24,7 @@ from typing import Any, Generic, TypeVar
 
 import torch.utils.data
 
-from ._watchdog import checked_fetch  # asyncload-guard hook
+from .calling import checked_fetch  # asyncload-guard hook
 
 __all__ = [
     "Dataset",
@@ -65,7 +65,7 @@ class Dataset(torch.utils.data.Dataset[T_co], Generic[T_co]):
         # Only torch's own DataLoader calls this (asyncload's worker awaits __getitem__ instead,
         # see batch_fetcher_for): run the coroutines one at a time on a private loop, so a plain
         # DataLoader (as trainers build) still gets samples, not coroutines. See _plain.py.
-        from ._plain import getitems_sync
+        from .plain import getitems_sync
 
         return getitems_sync(self, indices)
 

@@ -13,8 +13,8 @@ import inspect
 import warnings
 from typing import Any
 
-from ._context import AsyncloadWarning
-from ._sync import run_sync
+from .._exceptions import AsyncloadWarning
+from .._storage.sync import run_sync
 
 __all__ = ["getitems_sync"]
 

@@ -19,9 +19,8 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ._context import AsyncloadWarning
-from ._exceptions import SampleErrorBudgetExceeded
-from ._redact import redact_url
+from .._exceptions import AsyncloadWarning, SampleErrorBudgetExceeded
+from .._redact import redact_url
 
 __all__ = ["Budget", "SampleErrorPolicy", "SkippedSample", "policy"]
 

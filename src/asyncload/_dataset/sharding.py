@@ -154,7 +154,7 @@ def rank_sampler(
     global _announced
     import torch.utils.data
 
-    from ._context import AsyncloadWarning
+    from .._exceptions import AsyncloadWarning
 
     sampler: torch.utils.data.DistributedSampler[Any] = torch.utils.data.DistributedSampler(
         dataset, num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed, drop_last=drop_last

@@ -12,8 +12,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from .. import _metrics
-from .._protocol import IndexTask, IterTask, PassStarted, Shutdown, StartPass
+from .._protocol.messages import IndexTask, IterTask, PassStarted, Shutdown, StartPass
+from .._stats import recorder as _metrics
 from ._core import WorkerConfig
 from ._iter import IterFetching
 from ._map import MapFetching

@@ -16,10 +16,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .. import _datapipes, _elastic_iter, _metrics
-from .._budget import SkippedSample
-from .._dataset import batch_fetcher_for, fetcher_for
-from .._protocol import Failure, IndexTask, IterTask, RemoteError, Result
+from .._checkpoint import elastic_iter as _elastic_iter
+from .._dataset import datapipes as _datapipes
+from .._dataset.base import batch_fetcher_for, fetcher_for
+from .._dataset.sample_errors import SkippedSample
+from .._protocol.messages import Failure, IndexTask, IterTask, RemoteError, Result
+from .._stats import recorder as _metrics
 
 __all__ = ["EngineCore", "WorkerConfig"]
 

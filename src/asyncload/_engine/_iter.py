@@ -10,9 +10,9 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from .._budget import SkippedSample
-from .._dataset import aclose_quietly, aiter_for
-from .._protocol import Exhausted
+from .._dataset.base import aclose_quietly, aiter_for
+from .._dataset.sample_errors import SkippedSample
+from .._protocol.messages import Exhausted
 from ._core import EngineCore
 
 __all__ = ["IterFetching"]

@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from .._budget import SkippedSample
-from .._protocol import IndexTask
+from .._dataset.sample_errors import SkippedSample
+from .._protocol.messages import IndexTask
 from ._core import EngineCore
 
 __all__ = ["HEAD_START", "MapFetching"]

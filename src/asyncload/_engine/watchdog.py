@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
-import inspect
 import os
 import platform
 import signal
@@ -33,13 +32,13 @@ import time
 import traceback
 import warnings
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
-from ._context import user_stacklevel
-from ._exceptions import BlockedLoopWarning, StuckSampleWarning
+from .._dataset.calling import _FETCH_CODE
+from .._exceptions import PACKAGE_DIR, BlockedLoopWarning, StuckSampleWarning, user_stacklevel
 
 __all__ = [
     "LoopBlocked",
@@ -47,7 +46,6 @@ __all__ = [
     "SampleStuck",
     "SampleWatch",
     "StallBoard",
-    "checked_fetch",
     "parent_alive",
     "slow_callback_threshold",
     "start_sample_watch",
@@ -64,7 +62,6 @@ once-per-worker warning: with ``timeout=0`` nothing else would say that a worker
 # futex(2)'s number, as /proc/<pid>/task/<tid>/syscall shows it.
 _FUTEX = {"x86_64": b"202", "aarch64": b"98"}.get(platform.machine())
 
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 _LIBRARY_DIRS = tuple(
     {
         os.path.realpath(p)
@@ -100,38 +97,6 @@ def stuck_sample_threshold() -> float | None:
 def slow_callback_threshold() -> float | None:
     """Seconds a loop may be held before it is reported; ``None``: don't watch."""
     return _seconds(ENV_THRESHOLD, DEFAULT_THRESHOLD, "blocked-loop warning")
-
-
-# ── the sample fetch every worker awaits ─────────────────────────────────────────────────────
-
-
-def describe_dataset(dataset: Any) -> str:
-    inner = getattr(dataset, "dataset", None)
-    name = type(dataset).__qualname__
-    return f"{name} of {describe_dataset(inner)}" if inner is not None else name
-
-
-def checked_fetch(
-    fetch: Callable[[Any], Awaitable[Any]], dataset: Any
-) -> Callable[[Any], Awaitable[Any]]:
-    """``fetch``, refusing a sample that is a coroutine; its frames mark a sample being fetched."""
-    name = describe_dataset(dataset)
-
-    async def _asyncload_fetch_sample(index: Any) -> Any:
-        value = await fetch(index)
-        if inspect.iscoroutine(value):
-            value.close()  # never awaited: no "coroutine was never awaited" warning on top
-            raise TypeError(
-                f"{name}.__getitem__({index!r}) returned a coroutine: missing await? "
-                "Write `return await ...` (or `x = await ...`) for every coroutine you call "
-                "inside async def __getitem__."
-            )
-        return value
-
-    return _asyncload_fetch_sample
-
-
-_FETCH_CODE = checked_fetch(lambda i: None, None).__code__  # type: ignore[arg-type,return-value]
 
 
 # ── worker side: the monitor ──────────────────────────────────────────────────────────────────
@@ -173,7 +138,7 @@ class LoopBlocked:
 def _is_library(filename: str) -> bool:
     path = os.path.realpath(filename)
     return (
-        path.startswith(_PACKAGE_DIR) or path.startswith(_LIBRARY_DIRS) or filename.startswith("<")
+        path.startswith(PACKAGE_DIR) or path.startswith(_LIBRARY_DIRS) or filename.startswith("<")
     )
 
 
@@ -192,7 +157,7 @@ def inspect_loop(frame: FrameType | None) -> tuple[str, str, str, str] | None:
         return None
     local = f.f_locals
     own = [g for g in inner if not _is_library(g.f_code.co_filename)]
-    ours = [g for g in inner if not g.f_code.co_filename.startswith(_PACKAGE_DIR)]
+    ours = [g for g in inner if not g.f_code.co_filename.startswith(PACKAGE_DIR)]
     blamed = (own or ours or inner or [f])[-1]
     location = f"{blamed.f_code.co_filename}:{blamed.f_lineno} in {blamed.f_code.co_name}"
     stack = "".join(traceback.format_stack(frames[-1], limit=len(inner) or 1))

@@ -16,10 +16,11 @@ from typing import Any
 
 import numpy as np
 
-from ._budget import Budget
-from ._exceptions import BatchTimeout
-from ._lookahead import LookAhead, batch_nbytes
-from ._protocol import (
+from .._checkpoint.resume import Progress, ResumePoint, capture_rng
+from .._dataset.sample_errors import Budget
+from .._engine.watchdog import StallBoard
+from .._exceptions import BatchTimeout
+from .._protocol.messages import (
     POLL_INTERVAL,
     Exhausted,
     Failure,
@@ -28,11 +29,10 @@ from ._protocol import (
     PassStarted,
     Result,
 )
-from ._resume import Progress, ResumePoint, capture_rng
-from ._spec import PassSpec
-from ._stats import Tally
-from ._watchdog import StallBoard
-from ._workers import Workers
+from .._stats.loader_stats import Tally
+from .._workers import Workers
+from .lookahead import LookAhead, batch_nbytes
+from .spec import PassSpec
 
 __all__ = ["Dispatch"]
 

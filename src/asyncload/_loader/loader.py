@@ -23,14 +23,20 @@ from typing import Any, Generic, Literal, TypeVar
 import torch
 import torch.utils.data
 
-from . import _budget, _checkpoint, _elastic, _elastic_iter, _sharding, _stats
-from ._context import early_context, start_early
-from ._lookahead import DEFAULT_PREFETCH_BYTES
-from ._pass import Pass, State
-from ._pin_memory import accelerator_device
-from ._resume import ResumePoint
-from ._spec import PassSpec
-from ._workers import StandbySlot, reaper
+from .._checkpoint import elastic_iter as _elastic_iter
+from .._checkpoint import elastic_map as _elastic
+from .._checkpoint.resume import ResumePoint
+from .._dataset import sample_errors as _budget
+from .._dataset import sharding as _sharding
+from .._stats import loader_stats as _stats
+from .._workers import StandbySlot
+from .._workers.pin_memory import accelerator_device
+from .._workers.reaper import reaper
+from .._workers.start_method.context import early_context, start_early
+from . import state as _checkpoint
+from .lookahead import DEFAULT_PREFETCH_BYTES
+from .pass_iterator import Pass, State
+from .spec import PassSpec
 
 __all__ = ["DataLoader"]
 

@@ -24,14 +24,15 @@ from typing import Any
 import torch
 import torch.utils.data
 
-from . import _workers
-from ._dispatch import Dispatch
-from ._protocol import Failure, PassStarted, StartPass
-from ._resume import Progress, ResumePoint, restore_rng
-from ._spec import PassSpec, length_warning, spec_length
-from ._stats import Tally
-from ._watchdog import StallBoard
-from ._workers import Workers, reaper
+from .._checkpoint.resume import Progress, ResumePoint, restore_rng
+from .._engine.watchdog import StallBoard
+from .._protocol.messages import Failure, PassStarted, StartPass
+from .._stats.loader_stats import Tally
+from .._workers import Workers
+from .._workers.reaper import reaper
+from . import start as _start
+from .dispatch import Dispatch
+from .spec import PassSpec, length_warning, spec_length
 
 __all__ = ["Pass", "PassSpec", "State"]
 
@@ -46,7 +47,7 @@ class State(enum.Enum):
 
 
 StartWorkers = Callable[..., Workers]
-"""``start(spec, *, base_seed, skips, shared_seed) -> Workers``: ``_workers.start_workers``."""
+"""``start(spec, *, base_seed, skips, shared_seed) -> Workers``: ``start.start_workers``."""
 
 _live: weakref.WeakSet[Pass] = weakref.WeakSet()
 
@@ -103,7 +104,7 @@ class Pass(Dispatch):
         _live.add(self)
         reaper.ensure_started()  # an ordinary call: close() and __del__ hand their job to it
         try:
-            self._engines = (start_workers or _workers.start_workers)(
+            self._engines = (start_workers or _start.start_workers)(
                 spec, base_seed=self._base_seed, skips=skips, shared_seed=shared_seed
             )
             self.tally = Tally(self._num_workers, self._engines.live_stats)

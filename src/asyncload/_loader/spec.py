@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from ._budget import SampleErrorPolicy
+from .._dataset.sample_errors import SampleErrorPolicy
 
 _RAISE = SampleErrorPolicy()  # today's behaviour: a failing sample fails its batch
 

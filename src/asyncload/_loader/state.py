@@ -12,8 +12,10 @@ from typing import Any
 import torch
 import torch.utils.data
 
-from . import _elastic, _elastic_iter, _fingerprint
-from ._resume import Progress, ResumePoint, capture_rng
+from .._checkpoint import elastic_iter as _elastic_iter
+from .._checkpoint import elastic_map as _elastic
+from .._checkpoint import fingerprint as _fingerprint
+from .._checkpoint.resume import Progress, ResumePoint, capture_rng
 
 __all__ = ["load", "save"]
 

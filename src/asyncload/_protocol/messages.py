@@ -72,11 +72,11 @@ import traceback
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from ._exceptions import add_note
-from ._stats import RecorderSnapshot
+from .._exceptions import add_note
+from .._stats.loader_stats import RecorderSnapshot
 
 if TYPE_CHECKING:
-    from ._storage_config import StorageConfig
+    from .._storage.config import StorageConfig
 
 __all__ = [
     "Exhausted",
@@ -240,7 +240,7 @@ class RemoteError:
             except Exception:
                 exc = None
         if exc is None:
-            from ._exceptions import LoadError
+            from .._exceptions import LoadError
 
             exc = LoadError(f"{self.type_name}: {self.message}")
         exc.__cause__ = _RemoteTraceback(f"\n\nTraceback {self.where}:\n{self.traceback}".rstrip())

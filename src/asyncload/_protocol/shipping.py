@@ -13,8 +13,8 @@ import pickle
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
-from ._exceptions import NotPicklable
-from ._protocol import Failure, RemoteError
+from .._exceptions import NotPicklable
+from .messages import Failure, RemoteError
 
 __all__ = ["Shipped", "received"]
 

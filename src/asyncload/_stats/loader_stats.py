@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._metrics import (
+from .recorder import (
     _NUM_BUCKETS,
     Recorder,
     RecorderSnapshot,

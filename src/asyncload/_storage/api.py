@@ -20,10 +20,15 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from typing import Any
 
-from . import _cache, _hedge, _stats, _sync
-from ._exceptions import InvalidURL, LoadError
-from ._retry import AttemptFailed, Retry, backoff, give_up, next_wait, retrying
-from ._storage_config import (
+from .._exceptions import InvalidURL, LoadError
+from .._stats import loader_stats as _stats
+from . import cache as _cache
+from . import hedge as _hedge
+from . import sync as _sync
+from .backends import base as _base
+from .backends import pacing as _pacing
+from .backends.base import ObjectInfo, StorageOptions, backend_for
+from .config import (
     StorageConfig,
     _install,
     configure,
@@ -37,8 +42,7 @@ from ._storage_config import (
     prewarm,
     set_pool_size,
 )
-from .sources import _base, _pacing
-from .sources._base import ObjectInfo, StorageOptions, backend_for
+from .retry import AttemptFailed, Retry, backoff, give_up, next_wait, retrying
 
 __all__ = [
     "ObjectInfo",

@@ -29,12 +29,12 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ._cache_dir import CacheDir, Sink, chunks, unlink
-from ._context import AsyncloadWarning
-from ._metrics import note_count
+from .._exceptions import AsyncloadWarning
+from .._stats.recorder import note_count
+from .cache_dir import CacheDir, Sink, chunks, unlink
 
 if TYPE_CHECKING:
-    from .sources._base import ObjectInfo, StorageOptions
+    from .backends.base import ObjectInfo, StorageOptions
 
 __all__ = ["ENV_VAR", "Cache", "CacheCounts", "CacheWarning", "cache_for", "counts", "reset"]
 

@@ -13,8 +13,9 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from .sources import _base, _pacing
-from .sources._base import DEFAULT_OPTIONS, StorageOptions
+from .backends import base as _base
+from .backends import pacing as _pacing
+from .backends.base import DEFAULT_OPTIONS, StorageOptions
 
 __all__ = [
     "StorageConfig",

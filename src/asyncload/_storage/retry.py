@@ -25,9 +25,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from . import _stats
-from ._exceptions import StorageError
-from ._redact import redact_url
+from .._exceptions import StorageError
+from .._redact import redact_url
+from .._stats import loader_stats as _stats
 
 __all__ = ["AttemptFailed", "Hedge", "Retry", "backoff", "give_up", "next_wait", "retrying"]
 

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
-from ._exceptions import LoadError
+from .._exceptions import LoadError
 
 __all__ = ["on_close", "run_sync"]
 

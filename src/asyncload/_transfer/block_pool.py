@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from ._shm_mirror import _open_block
+from .block_mirror import _open_block
 
 __all__ = ["MAX_POOL_BYTES", "BlockPool", "BlockRef", "ProcFd"]
 

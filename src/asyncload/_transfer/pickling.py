@@ -32,8 +32,8 @@ from typing import Any
 
 import torch
 
-from . import _shm
-from ._protocol import Failure, RemoteError, Result
+from .._protocol.messages import Failure, RemoteError, Result
+from . import shm as _shm
 
 __all__ = ["INLINE_MAX", "Packed", "pack", "unpack"]
 

@@ -66,7 +66,7 @@ import torch
 
 # The main side (the mappings of every worker's blocks) lives in _shm_mirror, the worker's pool
 # in _shm_pool; both re-exported here.
-from ._shm_mirror import (
+from .block_mirror import (
     _freed,
     _maps,
     forget_blocks,
@@ -78,7 +78,7 @@ from ._shm_mirror import (
     unpickling,
     unregister_token,
 )
-from ._shm_pool import MAX_POOL_BYTES, BlockPool, BlockRef, ProcFd
+from .block_pool import MAX_POOL_BYTES, BlockPool, BlockRef, ProcFd
 
 __all__ = [
     "MAX_POOL_BYTES",

@@ -27,18 +27,17 @@ import numpy as np
 import torch
 import torch.utils.data
 
-from . import _metrics, _sharding, _shipping, _shm, _storage, _tuning, _watchdog
-from ._engine import Engine, WorkerConfig
-from ._protocol import (
-    POLL_INTERVAL,
-    Failure,
-    RemoteError,
-    Result,
-    Shutdown,
-    Standing,
-)
-from ._queues import INLINE_MAX, pack
-from ._watchdog import parent_alive as _parent_alive
+from .._dataset import sharding as _sharding
+from .._engine import Engine, WorkerConfig
+from .._engine import watchdog as _watchdog
+from .._engine.watchdog import parent_alive as _parent_alive
+from .._protocol import shipping as _shipping
+from .._protocol.messages import POLL_INTERVAL, Failure, RemoteError, Result, Shutdown, Standing
+from .._stats import recorder as _metrics
+from .._storage import api as _storage
+from .._transfer import shm as _shm
+from .._transfer.pickling import INLINE_MAX, pack
+from . import tuning as _tuning
 
 __all__ = ["ThreadWorker", "WorkerConfig", "new_event_loop", "worker_main"]
 

@@ -15,8 +15,8 @@ from typing import Any
 import torch
 from torch.utils.data._utils.pin_memory import pin_memory
 
-from ._protocol import POLL_INTERVAL, Failure, RemoteError, Result
-from ._queues import unpack
+from .._protocol.messages import POLL_INTERVAL, Failure, RemoteError, Result
+from .._transfer.pickling import unpack
 
 __all__ = ["PinMemoryThread", "accelerator_device"]
 

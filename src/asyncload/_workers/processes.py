@@ -17,21 +17,23 @@ from collections.abc import Callable
 from multiprocessing.reduction import ForkingPickler
 from typing import TYPE_CHECKING, Any
 
-from .. import _shm, _storage, _tuning
-from .._context import diagnose_pickling
 from .._engine import WorkerConfig
 from .._exceptions import WorkerError
-from .._pin_memory import PinMemoryThread
-from .._protocol import POLL_INTERVAL, Failure, Result
-from .._queues import unpack
-from .._shipping import Shipped
-from .._stats import RecorderSnapshot
-from .._worker import worker_main
-from ._reaper import reaper
-from ._stop import release_elsewhere, stop_processes
+from .._protocol.messages import POLL_INTERVAL, Failure, Result
+from .._protocol.shipping import Shipped
+from .._stats.loader_stats import RecorderSnapshot
+from .._storage import api as _storage
+from .._transfer import shm as _shm
+from .._transfer.pickling import unpack
+from . import tuning as _tuning
+from .child import worker_main
+from .pin_memory import PinMemoryThread
+from .reaper import reaper
+from .start_method.context import diagnose_pickling
+from .stop import release_elsewhere, stop_processes
 
 if TYPE_CHECKING:
-    from ._standby import StandbySlot
+    from .standby import StandbySlot
 
 __all__ = ["PICKLE_WARNING", "ProcessWorkers"]
 

@@ -49,7 +49,7 @@ import traceback
 from collections.abc import Callable
 from typing import Protocol
 
-from .. import _forkserver
+from .start_method import forkserver as _forkserver
 
 __all__ = [
     "StandbyBudget",

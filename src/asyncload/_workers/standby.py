@@ -39,11 +39,11 @@ import time
 import weakref
 from typing import Any
 
-from .. import _storage
-from .._protocol import Standing
-from .._storage import StorageConfig
-from ._reaper import budget, reaper
-from ._stop import JOIN_TIMEOUT, release_elsewhere, stop_processes
+from .._protocol.messages import Standing
+from .._storage import api as _storage
+from .._storage.api import StorageConfig
+from .reaper import budget, reaper
+from .stop import JOIN_TIMEOUT, release_elsewhere, stop_processes
 
 __all__ = ["Standby", "StandbySlot"]
 
@@ -57,7 +57,7 @@ class Standby:
     def __init__(
         self, context: Any, count: int, storage: StorageConfig | None = None, pool_size: int = 0
     ) -> None:
-        from .._worker import worker_main  # what only a loader with workers needs
+        from .child import worker_main  # what only a loader with workers needs
 
         self.context = context
         self.count = count

@@ -29,7 +29,7 @@ import time
 import weakref
 from typing import Any
 
-from .._protocol import Shutdown
+from .._protocol.messages import Shutdown
 
 __all__ = ["JOIN_TIMEOUT", "release_elsewhere", "stop_processes"]
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 import queue
 from collections.abc import Callable
 
-from .. import _metrics, _storage
 from .._engine import WorkerConfig
 from .._exceptions import WorkerError
-from .._pin_memory import pin
-from .._protocol import Shutdown
-from .._worker import ThreadWorker
+from .._protocol.messages import Shutdown
+from .._stats import recorder as _metrics
+from .._storage import api as _storage
+from .child import ThreadWorker
+from .pin_memory import pin
 
 __all__ = ["ThreadWorkers"]
 

@@ -18,11 +18,11 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NamedTuple, NoReturn
 
-from . import __version__
-from ._bench import OBJECTIVES
-from ._console import UsageError, find_objects
-from ._exceptions import LoadError
-from ._redact import redact_url
+from .. import __version__
+from .._exceptions import LoadError
+from .._redact import redact_url
+from .bench import OBJECTIVES
+from .console import UsageError, find_objects
 
 __all__ = ["main"]
 
@@ -250,7 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from ._demo import DemoConfig, run_demo
+    from .demo import DemoConfig, run_demo
 
     if args.url is not None and (args.latency is not None or args.objects is not None):
         raise UsageError("--latency and --objects set up the embedded store; drop them with --url")
@@ -283,7 +283,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from ._bench import (
+    from .bench import (
         BenchConfig,
         backlog_suspects,
         bench_table,
@@ -343,8 +343,8 @@ def _serve(args: argparse.Namespace) -> int:
     import asyncio
     from pathlib import Path
 
-    from ._demo_server import make_record, object_name
-    from ._serve import FolderObjects, serve_folder
+    from .demo_server import make_record, object_name
+    from .serve import FolderObjects, serve_folder
 
     root = Path(args.dir)
     if args.demo_data is not None:

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ._console import Progress, UsageError, render_table
-from ._exceptions import LoadError
-from ._loader import DataLoader
-from ._stats import LoaderStats
-from .datasets import RemoteFiles
+from .._exceptions import LoadError
+from .._loader.loader import DataLoader
+from .._stats.loader_stats import LoaderStats
+from ..datasets import RemoteFiles
+from .console import Progress, UsageError, render_table
 
 __all__ = [
     "OBJECTIVES",

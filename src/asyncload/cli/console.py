@@ -14,9 +14,9 @@ from collections.abc import Sequence
 from typing import TextIO
 from urllib.parse import unquote, urljoin, urlsplit
 
-from . import _storage
-from ._exceptions import InvalidURL, LoadError, NotFound
-from ._redact import redact_url
+from .._exceptions import InvalidURL, LoadError, NotFound
+from .._redact import redact_url
+from .._storage import api as _storage
 
 __all__ = [
     "MANIFEST",

@@ -26,20 +26,14 @@ import torch
 import torch.utils.data
 from torch import nn
 
-from . import _demo_server
-from ._bench import fmt_ms
-from ._console import Progress, UsageError, find_objects, read_sync, render_table
-from ._context import resolve_context
-from ._demo_data import (
-    AsyncRecords,
-    BlockingRecords,
-    decode_record,
-    embedded_store,
-    sample_order,
-)
-from ._loader import DataLoader
-from ._redact import redact_url
-from ._stats import LoaderStats
+from .._loader.loader import DataLoader
+from .._redact import redact_url
+from .._stats.loader_stats import LoaderStats
+from .._workers.start_method.context import resolve_context
+from . import demo_server as _demo_server
+from .bench import fmt_ms
+from .console import Progress, UsageError, find_objects, read_sync, render_table
+from .demo_data import AsyncRecords, BlockingRecords, decode_record, embedded_store, sample_order
 
 __all__ = ["DemoConfig", "RunResult", "embedded_store", "run_demo"]
 

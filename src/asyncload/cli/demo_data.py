@@ -19,9 +19,10 @@ import numpy as np
 import torch
 import torch.utils.data
 
-from . import _demo_server, _storage
-from ._dataset import Dataset
-from .datasets import RemoteFiles
+from .._dataset.base import Dataset
+from .._storage import api as _storage
+from ..datasets import RemoteFiles
+from . import demo_server as _demo_server
 
 __all__ = ["AsyncRecords", "BlockingRecords", "decode_record", "embedded_store", "sample_order"]
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 from aiohttp import web
 
-from ._console import UsageError
-from ._demo_server import MANIFEST, make_app
+from .console import UsageError
+from .demo_server import MANIFEST, make_app
 
 __all__ = ["FolderObjects", "serve_folder"]
 

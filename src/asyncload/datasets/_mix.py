@@ -28,10 +28,10 @@ from typing import Any, Literal
 import numpy as np
 import torch.utils.data
 
-from .._dataset import IterableDataset, aclose_quietly, aiter_for, fetcher_for
-from .._elastic_iter import Tag, UnitPlan, supports
-from .._metrics import note_count
-from .._sharding import shard_position
+from .._checkpoint.elastic_iter import Tag, UnitPlan, supports
+from .._dataset.base import IterableDataset, aclose_quietly, aiter_for, fetcher_for
+from .._dataset.sharding import shard_position
+from .._stats.recorder import note_count
 
 __all__ = ["Mix"]
 

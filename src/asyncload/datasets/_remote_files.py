@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .. import _storage
-from .._dataset import Dataset
+from .._dataset.base import Dataset
 from .._redact import redact_url
+from .._storage import api as _storage
 from ..sources import StorageOptions
 
 __all__ = ["RemoteFiles"]

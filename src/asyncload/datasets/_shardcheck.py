@@ -15,8 +15,8 @@ import warnings
 from collections import Counter
 from dataclasses import dataclass
 
-from .._context import AsyncloadWarning
-from .._metrics import note_count
+from .._exceptions import AsyncloadWarning
+from .._stats.recorder import note_count
 from ._tarstream import Ending
 
 __all__ = ["ShardStats", "note_ending"]

@@ -25,13 +25,12 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from .. import _storage
-from .._context import AsyncloadWarning
-from .._dataset import IterableDataset
-from .._elastic_iter import Tag, UnitPlan
-from .._exceptions import ArchiveError
+from .._checkpoint.elastic_iter import Tag, UnitPlan
+from .._dataset.base import IterableDataset
+from .._dataset.sharding import get_worker_info, rank_and_world_size
+from .._exceptions import ArchiveError, AsyncloadWarning
 from .._redact import redact_url
-from .._sharding import get_worker_info, rank_and_world_size
+from .._storage import api as _storage
 from ..sources import StorageOptions
 from ._decoders import PICKLE_EXTENSIONS, check_pickle_guard, decode_fields, table_for
 from ._shardcheck import ShardStats

@@ -21,9 +21,9 @@ from typing import Any, cast
 
 import numpy as np
 
-from .. import _storage
 from .._exceptions import ArchiveError
 from .._redact import redact_url
+from .._storage import api as _storage
 from ._gzip import maybe_gunzip
 from ._shardcheck import note_ending
 from ._tarstream import Channel, Ending, Failed, iter_members, split_name, unsafe_reason

@@ -12,9 +12,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from .._retry import AttemptFailed, give_up, next_wait
-from .._storage import options_for
-from ..sources._base import split_scheme
+from .._storage.api import options_for
+from .._storage.backends.base import split_scheme
+from .._storage.retry import AttemptFailed, give_up, next_wait
 
 __all__ = ["OBJECT_STORE_SCHEMES", "is_object_store", "put_file"]
 
@@ -33,7 +33,7 @@ def put_file(path: Path, url: str) -> None:
         StorageError: The upload failed (after retries where the policy allows them); the
             error names the URL, credentials redacted.
     """
-    from ..sources._s3 import _build_store, map_error, split_bucket
+    from .._storage.backends.s3 import _build_store, map_error, split_bucket
 
     options = options_for(url)
     attempt, started = 1, time.monotonic()

@@ -1,15 +1,8 @@
 """Storage backends by URL scheme, and the registry new schemes join.
 
 Importing this package registers the built-in backends:
-
-=====================  ==========================  ==============================
-scheme                 module                      library
-=====================  ==========================  ==============================
-``http``, ``https``    ``._http``               aiohttp
-``s3``, ``gs``, ``az`` ``._s3``                 obstore (optional dependency);
-                       (+ ``._cloud_config``)   options mapped per cloud
-``file``, plain paths  ``._local``              aiofiles / the default executor
-=====================  ==========================  ==============================
+``http`` and ``https`` (aiohttp), ``s3``, ``gs`` and ``az`` (obstore, an optional dependency;
+options mapped per cloud), ``file`` and plain paths (the default executor).
 
 Examples:
     >>> from asyncload.sources import Backend, register
@@ -20,9 +13,11 @@ Examples:
 
 from __future__ import annotations
 
-from .._retry import AttemptFailed
-from . import _http, _local, _s3  # noqa: F401 - importing registers the backends
-from ._base import (
+# Importing them registers the built-in backends.
+from .._storage.backends import http as _http  # noqa: F401
+from .._storage.backends import local as _local  # noqa: F401
+from .._storage.backends import s3 as _s3  # noqa: F401
+from .._storage.backends.base import (
     Backend,
     ObjectInfo,
     Resume,
@@ -31,6 +26,7 @@ from ._base import (
     register,
     registered_schemes,
 )
+from .._storage.retry import AttemptFailed
 
 __all__ = [
     "AttemptFailed",

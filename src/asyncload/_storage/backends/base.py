@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote, urlsplit
 
-from .._exceptions import InvalidURL
-from .._redact import split_authority
-from .._retry import AttemptFailed, Hedge, Retry
+from ..._exceptions import InvalidURL
+from ..._redact import split_authority
+from ..retry import AttemptFailed, Hedge, Retry
 
 __all__ = [
     "Backend",

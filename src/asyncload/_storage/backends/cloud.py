@@ -23,7 +23,7 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
-from ._base import StorageOptions
+from .base import StorageOptions
 
 __all__ = [
     "VALID_KEYS",

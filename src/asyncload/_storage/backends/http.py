@@ -22,9 +22,9 @@ from urllib.parse import urljoin, urlsplit
 import aiohttp
 from yarl import URL
 
-from .._exceptions import InvalidURL, RedirectError
-from .._retry import AttemptFailed
-from ._base import (
+from ..._exceptions import InvalidURL, RedirectError
+from ..retry import AttemptFailed
+from .base import (
     Backend,
     ObjectInfo,
     Resume,
@@ -35,7 +35,7 @@ from ._base import (
     pool_size,
     register,
 )
-from ._http_errors import (
+from .http_errors import (
     check_length,
     check_status,
     check_version,
@@ -44,7 +44,7 @@ from ._http_errors import (
     parse_http_date,
     total_size,
 )
-from ._pacing import PacedConnector
+from .pacing import PacedConnector
 
 __all__ = ["HttpBackend", "map_error"]
 

@@ -15,7 +15,7 @@ from email.utils import parsedate_to_datetime
 
 import aiohttp
 
-from .._exceptions import (
+from ..._exceptions import (
     ConnectError,
     IncompleteRead,
     InvalidURL,
@@ -26,8 +26,8 @@ from .._exceptions import (
     ServerError,
     StorageError,
 )
-from .._retry import AttemptFailed
-from ._base import Resume, StorageOptions
+from ..retry import AttemptFailed
+from .base import Resume, StorageOptions
 
 __all__ = [
     "check_length",

@@ -24,9 +24,9 @@ from urllib.parse import quote, unquote, urlsplit
 
 import aiofiles.os
 
-from .._exceptions import InvalidURL, NotFound, ObjectChanged, PermissionDenied, StorageError
-from .._retry import AttemptFailed
-from ._base import Backend, ObjectInfo, Resume, StorageOptions, register, registered_schemes
+from ..._exceptions import InvalidURL, NotFound, ObjectChanged, PermissionDenied, StorageError
+from ..retry import AttemptFailed
+from .base import Backend, ObjectInfo, Resume, StorageOptions, register, registered_schemes
 
 __all__ = ["LocalBackend", "map_error", "to_path"]
 

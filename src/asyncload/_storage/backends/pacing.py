@@ -46,7 +46,7 @@ from typing import Any
 
 import aiohttp
 
-from .._metrics import note_count, note_level
+from ..._stats.recorder import note_count, note_level
 
 __all__ = [
     "BURST",

@@ -20,7 +20,7 @@ from collections.abc import AsyncGenerator
 from datetime import timedelta
 from typing import Any
 
-from .._exceptions import (
+from ..._exceptions import (
     ConnectError,
     IncompleteRead,
     InvalidURL,
@@ -31,17 +31,9 @@ from .._exceptions import (
     ServerError,
     StorageError,
 )
-from .._retry import AttemptFailed
-from ._base import (
-    DEFAULT_OPTIONS,
-    Backend,
-    ObjectInfo,
-    Resume,
-    StorageOptions,
-    pool_size,
-    register,
-)
-from ._cloud_config import check_options, store_config, unmatched_refusal
+from ..retry import AttemptFailed
+from .base import DEFAULT_OPTIONS, Backend, ObjectInfo, Resume, StorageOptions, pool_size, register
+from .cloud import check_options, store_config, unmatched_refusal
 
 __all__ = ["ObjectStoreBackend", "map_error", "split_bucket"]
 
@@ -203,7 +195,7 @@ class ObjectStoreBackend(Backend):
         entry = self._stores.get(key)
         if entry is None:
             if options is DEFAULT_OPTIONS:
-                from .. import _storage  # configured prefixes; imported late (it imports us)
+                from .. import api as _storage  # configured prefixes; imported late (it imports us)
 
                 refusal = unmatched_refusal(scheme, bucket, _storage.export_config().prefixes)
                 if refusal:

@@ -31,18 +31,19 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .._retry import AttemptFailed, Hedge, backoff, give_up, next_wait
-from . import _latency, _round
+from ..retry import AttemptFailed, Hedge, backoff, give_up, next_wait
+from . import latency as _latency
+from . import race as _round
 
 # The parts' settings and state, under the names tests and docs use (explicit re-exports).
-from ._latency import _MAX_TOKENS as _MAX_TOKENS
-from ._latency import _Prefix as _Prefix
-from ._round import _LEARNING_POLL as _LEARNING_POLL
-from ._round import _losers as _losers
-from ._round import _race, drain
+from .latency import _MAX_TOKENS as _MAX_TOKENS
+from .latency import _Prefix as _Prefix
+from .race import _LEARNING_POLL as _LEARNING_POLL
+from .race import _losers as _losers
+from .race import _race, drain
 
 if TYPE_CHECKING:
-    from ..sources._base import Backend, Resume, StorageOptions
+    from ..backends.base import Backend, Resume, StorageOptions
 
 __all__ = ["Hedge", "HedgeCounts", "applies", "counts", "drain", "open_stream", "read", "reset"]
 

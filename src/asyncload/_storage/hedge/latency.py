@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .._retry import Hedge
-    from ..sources._base import StorageOptions
+    from ..backends.base import StorageOptions
+    from ..retry import Hedge
 
 __all__ = ["forget", "prefix_of"]  # and _Prefix, for the package
 

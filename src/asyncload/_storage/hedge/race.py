@@ -14,10 +14,10 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from .._metrics import note_count
-from .._retry import AttemptFailed, Hedge
-from ..sources._base import hedging
-from ._latency import _Prefix
+from ..._stats.recorder import note_count
+from ..backends.base import hedging
+from ..retry import AttemptFailed, Hedge
+from .latency import _Prefix
 
 __all__ = ["drain"]  # and _race, for the package
 

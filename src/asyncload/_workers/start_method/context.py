@@ -22,17 +22,15 @@ once. ``multiprocessing_context="fork"`` asks for fork explicitly.
 from __future__ import annotations
 
 import multiprocessing
-import os
 import pickle
-import sys
 import threading
 import warnings
 from multiprocessing.context import BaseContext
-from types import FrameType
 from typing import Any
 
-from . import _forkserver, _guards
-from ._exceptions import AsyncloadWarning, NotPicklable
+from ..._exceptions import AsyncloadWarning, NotPicklable, user_stacklevel
+from . import forkserver as _forkserver
+from . import guards as _guards
 
 __all__ = [
     "AsyncloadWarning",
@@ -40,26 +38,10 @@ __all__ = [
     "early_context",
     "resolve_context",
     "start_early",
-    "user_stacklevel",
 ]
 
 
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 _warned_interactive = False
-
-
-def user_stacklevel() -> int:
-    """The ``stacklevel`` that points a warning raised by our caller at the user's line.
-
-    Counts the frames up to the first one outside the asyncload package (works before
-    Python 3.12's ``skip_file_prefixes``).
-    """
-    level = 1
-    frame: FrameType | None = sys._getframe(1)
-    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
-        frame = frame.f_back
-        level += 1
-    return level
 
 
 def _interactive() -> bool:
@@ -191,7 +173,7 @@ def _preload(ctx: BaseContext) -> None:
         if _interactive() and "__main__" in modules:
             # A notebook, -c or stdin has no file to run again in the server.
             modules.remove("__main__")
-        for name in ("asyncload._worker", "asyncload._preload"):
+        for name in ("asyncload._workers.child", "asyncload._workers.start_method.preload"):
             if name not in modules:
                 modules.append(name)
         ctx.set_forkserver_preload(modules)

@@ -62,7 +62,7 @@ from typing import Any
 import numpy  # noqa: F401  (its BLAS pool starts when imported: part of the baseline below)
 import torch  # noqa: F401  (likewise, whatever it starts when imported)
 
-from . import _guards
+from . import guards as _guards
 
 __all__ = ["fork_server", "server_pid"]
 

@@ -24,7 +24,7 @@ import threading
 from types import FrameType
 from typing import Any
 
-from ._exceptions import NotPicklable, add_note
+from ..._exceptions import NotPicklable, add_note
 
 __all__ = [
     "check_main_module",
@@ -34,7 +34,6 @@ __all__ = [
     "refuse_main_objects",
 ]
 
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 _GUARD_HINT = (
     "asyncload: the main module is run again in every worker started with 'spawn' or "

@@ -1,0 +1,1 @@
+"""Where a pass stands, as values: resume points, fingerprints, elastic re-deals."""

@@ -1,0 +1,1 @@
+"""Datasets and how samples are asked of them: base classes, sharding, errors."""

@@ -1,0 +1,1 @@
+"""The DataLoader, its passes, and its state."""

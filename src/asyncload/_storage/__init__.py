@@ -1,0 +1,1 @@
+"""Storage: read, stream, stat and list over every scheme; retries, hedges, cache."""

@@ -1,0 +1,1 @@
+"""How worker processes start: context, forkserver, guards, preload."""
