@@ -34,15 +34,19 @@ def run_script(
     """Run ``tests/_scripts/<name>`` with *args* in a fresh interpreter (named ``./<name>``
     from its folder when *relative*); the JSON object its last line of output prints. With
     *stderr_clean*, no traceback (its own or a child's) may appear on its stderr."""
-    done = subprocess.run(
-        [sys.executable, f"./{name}" if relative else str(SCRIPTS / name), *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=script_env(),
-        cwd=SCRIPTS if relative else None,
-        check=False,
-    )
+    try:
+        done = subprocess.run(
+            [sys.executable, f"./{name}" if relative else str(SCRIPTS / name), *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=script_env(),
+            cwd=SCRIPTS if relative else None,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as exc:  # what it printed: a hang's stacks, if it dumps them
+        err = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else exc.stderr
+        raise AssertionError(f"{name} ran over {timeout} s; its stderr:\n{err}") from None
     assert done.returncode == 0, done.stderr
     if stderr_clean:
         assert "Traceback" not in done.stderr, done.stderr

@@ -15,6 +15,7 @@ import pytest
 
 import asyncload
 from asyncload._workers import StandbySlot
+from asyncload._workers.reaper import reaper
 
 from ._datasets import StoresBuilt, init_sets_aws_region
 from ._procs import worker_processes
@@ -271,3 +272,32 @@ def test_standby_processes_build_stores_under_the_environment_the_main_process_h
     monkeypatch.setenv("AWS_REGION", "set-after-the-server-started")
     loader = asyncload.DataLoader(StoresBuilt(), batch_size=None, num_workers=1)
     assert [tuple(t) for t in loader] == [(1, 1), (1, 1)]
+
+
+class _NoSemaphores:
+    """A start method whose every queue and event fails (no /dev/shm left, say)."""
+
+    def get_start_method(self) -> str:
+        return "forkserver"
+
+    def Event(self) -> Any:
+        raise OSError(28, "No space left on device")
+
+
+def test_a_standby_set_that_fails_to_start_is_not_tried_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("ASYNCLOAD_MAX_STANDBY", "64")  # room, whatever earlier tests left stopping
+    broken = _NoSemaphores()
+    slot = StandbySlot()
+    slot.prepare(broken, 2)
+    deadline = time.monotonic() + 10
+    while slot.held and time.monotonic() < deadline:  # the start fails in its thread
+        time.sleep(0.01)
+    assert not slot.held
+    assert slot._off
+    slot.prepare(broken, 2)  # off for this loader: no start, no loop of failures
+    assert slot._thread is None
+    # Nothing half-built is held by the reaper (it owns what has processes).
+    assert not [o for o in list(reaper._owned) if getattr(o, "context", None) is broken]
+    slot.close()

@@ -8,6 +8,7 @@ gave.
 
 from __future__ import annotations
 
+import faulthandler
 import gc
 import json
 import sys
@@ -46,6 +47,8 @@ def _allocate(stop: threading.Event) -> None:
 
 
 def main(rounds: int) -> dict[str, Any]:
+    # A hang is a bug: every thread's stack on stderr, and out.
+    faulthandler.dump_traceback_later(120, exit=True)
     # What lives now stays: collections then look at new objects only, and stay quick.
     gc.freeze()
     iterating = asyncload.DataLoader(

@@ -95,7 +95,6 @@ class ProcessWorkers:
         self._pin_thread: PinMemoryThread | None = None
         self._replies: Any = None
         self._context, self._slot, self._next_pass = context, standby, next_pass
-        reaper.own(self)  # until close(): NOTE [ Who stops workers ]
         _tuning.tune_main()  # this process unpickles every batch (see _tuning)
         self._tokens = [f"{os.getpid()}-{id(self):x}-{i}-{os.urandom(4).hex()}" for i in configs]
         for token in self._tokens:
@@ -128,17 +127,20 @@ class ProcessWorkers:
             except BaseException:  # nothing of this pass started: the standby set goes
                 waiting.retire()
                 self._closed = True
-                reaper.disown(self)
                 for token in self._tokens:
                     _shm.unregister_token(token)
                 raise
+        # Held by the reaper until close(), from before any process is this object's:
+        # NOTE [ Who stops workers ].
         if waiting is not None:  # this object owns them from now on, and stops them
+            reaper.own(self)
             self._done_event, self._result_queue = waiting.done_event, waiting.result_queue
             self._procs, self._index_queues = list(waiting.procs), list(waiting.index_queues)
             reaper.disown(waiting)
         else:
             self._done_event = context.Event()
             self._result_queue = context.Queue()
+            reaper.own(self)
         try:
             for i, cfg in enumerate(configs):
                 if waiting is not None:

@@ -61,11 +61,11 @@ class Standby:
 
         self.context = context
         self.count = count
-        reaper.own(self)  # until close(): NOTE [ Who stops workers ] in _reaper.py
         self.done_event = context.Event()
         self.result_queue = context.Queue()
         self.index_queues: list[Any] = []
         self.procs: list[Any] = []
+        reaper.own(self)  # until close(), before any process starts: NOTE [ Who stops workers ]
         standing = Standing(os.getpid(), storage, pool_size, dict(os.environ))
         try:
             for worker_id in range(count):
@@ -149,23 +149,27 @@ class StandbySlot:
             return
         if self._busy() or not budget.admit(self, count):  # admit() pushes older sets out
             return
+        storage = _storage.export_config() if max_concurrency > 0 else None
+        thread = threading.Thread(
+            target=self._start,
+            args=(context, count, storage, max_concurrency),
+            name="asyncload-standby",
+            daemon=True,
+        )
         with self._lock:
             if self._busy():  # meanwhile
                 budget.release(self)
                 return
-            storage = _storage.export_config() if max_concurrency > 0 else None
-            thread = threading.Thread(
-                target=self._start,
-                args=(context, count, storage, max_concurrency),
-                name="asyncload-standby",
-                daemon=True,
-            )
-            try:
-                thread.start()
-            except RuntimeError:  # no thread to be had: the next pass starts its own workers
-                budget.release(self)
-                return
             self._thread = thread
+        # Not under the lock: a finalizer of this slot's loader may run on a thread that holds
+        # threading's start lock (a collection inside Thread.start()) and wait for ours.
+        try:
+            thread.start()
+        except RuntimeError:  # no thread to be had: the next pass starts its own workers
+            with self._lock:
+                if self._thread is thread:
+                    self._thread = None
+            budget.release(self)
 
     def _busy(self) -> bool:
         """Whether this slot holds, starts, or may not start a set now."""

@@ -69,6 +69,12 @@ def stop_processes(
     for q in [*index_queues, result_queue]:
         q.cancel_join_thread()
         q.close()
+    for w in procs:
+        if not w.is_alive():
+            # Its arguments (the queues and the event) go with this stop, on this thread, and
+            # not whenever the process object goes: a collection on some other thread would
+            # run their semaphores' finalizers there (NOTE [ Who stops workers ]).
+            w._args, w._kwargs = (), {}
     if not close_objects:
         return
     for w in procs:
