@@ -10,6 +10,9 @@ and the reaper have run, and the tracebacks that reached stderr (a worker's incl
 
     .venv/bin/python benchmarks/bench_churn.py                   # 2,000 loaders, 2 hogs
     .venv/bin/python benchmarks/bench_churn.py --loaders 200 --hogs 0   # a quick look
+
+``--json PATH`` also writes the figures, and the tracebacks counted, as JSON
+(``tests/test_reaper.py`` runs 160 loaders that way).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import tempfile
 import threading
 import time
 import warnings
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -137,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--loaders", type=int, default=2000)
     parser.add_argument("--hogs", type=int, default=2, help="CPU-spinning processes meanwhile")
+    parser.add_argument("--json", help="also write the figures to this file")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -164,11 +169,16 @@ def main(argv: list[str] | None = None) -> int:
         print(stderr, file=sys.stderr)
         return done.returncode
     out = json.loads(done.stdout.strip().splitlines()[-1])
+    # A traceback of a worker or the fork server, or from a finalizer, says something failed.
+    out["tracebacks"] = stderr.count("Traceback") + stderr.count("Exception ignored")
+    out["stderr_tail"] = stderr[-4000:]
+    if args.json:
+        Path(args.json).write_text(json.dumps(out))
     print(f"{out['loaders']} loaders in {out['seconds']} s, {args.hogs} CPU hogs")
     print(f"{'':10}" + "".join(f"{k:>11}" for k in out["base"]))
     for row in ("base", "peak", "after"):
         print(f"{row:10}" + "".join(f"{v:>11}" for v in out[row].values()))
-    print(f"tracebacks on stderr: {stderr.count('Traceback')}")
+    print(f"tracebacks on stderr: {out['tracebacks']}")
     return 0
 
 

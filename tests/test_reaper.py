@@ -4,8 +4,12 @@ leave nothing behind (issue 29, items 1, 2 and 5)."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,7 +17,9 @@ import pytest
 from asyncload._workers import reaper as _reaper
 from asyncload._workers.reaper import Reaper, StandbyBudget
 
-from ._procs import run_script
+from ._procs import run_script, script_env
+
+BENCH_CHURN = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_churn.py"
 
 
 class _Holder:
@@ -126,11 +132,34 @@ def test_finalizers_on_other_threads_never_block_while_another_pass_iterates() -
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-def test_hundreds_of_loaders_built_and_dropped_leave_nothing_and_stay_bounded() -> None:
+def test_hundreds_of_loaders_built_and_dropped_leave_nothing_and_stay_bounded(
+    tmp_path: Path,
+) -> None:
     """Never iterated, one batch, a whole epoch, an exception out of the loop; persistent or
-    not; 2 or 4 workers; half in reference cycles (issue 29: 883 idle processes piled up)."""
-    out = run_script("churn.py", "160", timeout=170, stderr_clean=True)
+    not; 2 or 4 workers; half in reference cycles (issue 29: 883 idle processes piled up).
+    ``benchmarks/bench_churn.py`` runs the same with thousands of loaders and busy cores."""
+    result = tmp_path / "churn.json"
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH_CHURN),
+            "--loaders",
+            "160",
+            "--hogs",
+            "0",
+            "--json",
+            str(result),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=170,
+        env=script_env(),
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    out = json.loads(result.read_text())
     base, peak, after = out["base"], out["peak"], out["after"]
+    assert out["tracebacks"] == 0, out["stderr_tail"]
     cap = _reaper.max_standby_processes()
     # A pass's workers (at most 4), standby sets (the bound), and passes in reference cycles
     # that the next collection stops: bounded by the churn's shape, not by its length.
