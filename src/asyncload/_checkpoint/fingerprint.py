@@ -6,10 +6,10 @@ way. ``fingerprint`` lists those facts; ``check`` compares a saved list with the
 raises ``ValueError`` naming every fact that differs, with both values.
 
 What may change across a resume: ``num_workers`` (map-style, and iterable datasets that can be
-re-dealt, ``_elastic_iter``), ``in_order``, ``timeout``,
+re-dealt, ``_checkpoint.elastic_iter``), ``in_order``, ``timeout``,
 ``max_concurrency``, ``prefetch_factor``, ``pin_memory``, and the world size when the loader
-added the ``DistributedSampler`` itself (``auto_shard``; see ``_elastic.py``). What may not:
-the fields below.
+added the ``DistributedSampler`` itself (``auto_shard``; see ``_checkpoint/elastic_map.py``). What
+may not: the fields below.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def fingerprint(loader: Any, *, auto_sharded: bool) -> dict[str, Any]:
 
     ``auto_sharded``: the sampler is the loader's own (``auto_shard``; a ``DistributedSampler``
     when ``WORLD_SIZE > 1``), whose kind and length depend on the world size, which may change
-    (an elastic resume, ``_elastic.py``).
+    (an elastic resume, ``_checkpoint/elastic_map.py``).
     """
     dataset = loader.dataset
     iterable = isinstance(dataset, torch.utils.data.IterableDataset)

@@ -6,7 +6,7 @@ worker's seed and position), so a checkpoint only has to record *where* the trai
 * map-style: the RNG state the pass's sampler started from, and which batch ordinals were
   yielded: a watermark below which all were, plus the few above it (``in_order=False``);
 * iterable: how many batches each worker has yielded; a resumed worker skips that many samples.
-  For a dataset that tags its items (``_elastic_iter``), also which samples of which unit
+  For a dataset that tags its items (``_checkpoint.elastic_iter``), also which samples of which unit
   (shard) were delivered, so that another number of readers can take over the rest.
 
 Batches fetched but not yet yielded are not recorded, so they are fetched again after a restore:
@@ -105,7 +105,7 @@ class ResumePoint:
     def from_dict(
         cls, state: dict[str, Any], *, iterable: bool, num_workers: int, elastic: bool = False
     ) -> ResumePoint:
-        """*elastic*: the dataset can be re-dealt (``_elastic_iter``), so another
+        """*elastic*: the dataset can be re-dealt (``_checkpoint.elastic_iter``), so another
         ``num_workers`` is fine."""
         if not isinstance(state, dict) or state.get("asyncload_version") != _VERSION:
             raise ValueError(

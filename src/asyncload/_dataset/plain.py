@@ -2,8 +2,8 @@
 
 Trainers such as Hugging Face's ``Trainer`` build their own torch DataLoader. torch then calls
 the dataset's ``__getitems__`` with a batch of indices; ``asyncload.Dataset`` answers by running
-each ``async __getitem__`` to completion, one at a time, on the private loop of ``_sync``. That is
-correct but slow (one request in flight per worker), so the first such call in each process
+each ``async __getitem__`` to completion, one at a time, on the private loop of ``_storage.sync``.
+That is correct but slow (one request in flight per worker), so the first such call in each process
 warns once, pointing at ``asyncload.DataLoader``.
 """
 

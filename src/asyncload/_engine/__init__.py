@@ -1,10 +1,10 @@
 """The engine: one event loop fetching up to ``max_concurrency`` samples at once, across batches.
 
 The same ``Engine`` runs in a worker process and, for ``num_workers=0``, in a background
-thread of the main process (both in ``_worker.py``). It reads tasks from an asyncio queue, starts
-one coroutine per sample, collates a batch the moment its last sample lands and hands it to
+thread of the main process (both in ``_workers/child.py``). It reads tasks from an asyncio queue,
+starts one coroutine per sample, collates a batch the moment its last sample lands and hands it to
 ``put``. Every task gets exactly one reply; see NOTE [ Data flow and shutdown ] in
-``_protocol.py``.
+``_protocol/messages.py``.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ class Engine(MapFetching, IterFetching):
         where: Names this worker in error messages ("in DataLoader worker 1 (pid 123)").
         recorder: Its counters; a new one by default.
 
-    Its state and replies live in ``_core.py``, map-style fetching in ``_map.py`` and
-    iterable-style fetching in ``_iter.py``.
+    Its state and replies live in ``_engine/_core.py``, map-style fetching in ``_engine/_map.py``
+    and iterable-style fetching in ``_engine/_iter.py``.
     """
 
     # ── main loop ──────────────────────────────────────────────────────────────────────────

@@ -1,9 +1,10 @@
 """What every part of the engine shares: its configuration, its state, and the replies it sends.
 
 ``EngineCore`` holds the state that ``Engine`` (``__init__.py``) and its two ways of fetching
-(``_map.py``, ``_iter.py``) work on, and the helpers that answer a task: ``_deliver`` collates a
+(``_engine/_map.py``, ``_engine/_iter.py``) work on, and the helpers that answer a task:
+``_deliver`` collates a
 batch and puts a ``Result``, ``_fail`` puts a ``Failure``. Every task gets exactly one reply; see
-NOTE [ Data flow and shutdown ] in ``_protocol.py``.
+NOTE [ Data flow and shutdown ] in ``_protocol/messages.py``.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ class WorkerConfig:
     """Leave a failing sample out of its batch instead of failing the batch (``_budget``)."""
     plan: Any = None
     """The units this worker reads on its first pass, re-dealt from a checkpoint taken with
-    another number of readers (``_elastic_iter``); ``None``: its ordinary share."""
+    another number of readers (``_checkpoint.elastic_iter``); ``None``: its ordinary share."""
 
 
 class EngineCore:

@@ -1,10 +1,11 @@
 """A pass's traffic with its workers: tasks out round-robin, replies back in sampler order.
 
 ``Dispatch`` is the half of ``_pass.Pass`` that sends index batches (or iterable requests) to
-the workers within the look-ahead bound (``_lookahead``), takes their replies, puts them back in
-sampler order when ``in_order=True``, charges left-out samples to the error budget and marks
+the workers within the look-ahead bound (``_loader.lookahead``), takes their replies, puts them
+back in sampler order when ``in_order=True``, charges left-out samples to the error budget and marks
 progress for checkpoints. ``_get`` waits for the next reply and names the batch the training
-loop waits for when ``timeout`` passes. See NOTE [ Data flow and shutdown ] in ``_protocol.py``.
+loop waits for when ``timeout`` passes. See NOTE [ Data flow and shutdown ] in
+``_protocol/messages.py``.
 """
 
 from __future__ import annotations

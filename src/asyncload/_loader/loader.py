@@ -3,8 +3,8 @@
 The loader holds torch's arguments, counts epochs, saves and loads checkpoints (``_checkpoint``),
 and starts passes: it resolves its settings into a frozen ``_pass.PassSpec`` and hands that,
 with the resume point, to a ``_pass.Pass``, which does the rest
-(``_pass.py``). With persistent workers it keeps that pass and restarts it every epoch; the
-workers belong to the pass, so a temporary loader (``for b in DataLoader(...)``) is fine.
+(``_loader/pass_iterator.py``). With persistent workers it keeps that pass and restarts it every
+epoch; the workers belong to the pass, so a temporary loader (``for b in DataLoader(...)``) is fine.
 """
 
 from __future__ import annotations

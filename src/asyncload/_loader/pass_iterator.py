@@ -3,12 +3,12 @@
 The loader builds a frozen ``PassSpec`` and hands it, with the resume point, to a
 ``Pass``; the pass never sees the loader. It draws the seeds, sends index batches to its
 ``_workers.Workers`` round-robin (as torch does), keeps batches sent but not yet yielded
-within a memory bound (``_lookahead``: the workers fetch on behind a straggling batch),
+within a memory bound (``_loader.lookahead``: the workers fetch on behind a straggling batch),
 restores sampler order when ``in_order=True`` and records progress for checkpoints (that
 traffic with the workers is ``_dispatch.Dispatch``, which ``Pass`` extends). A pass starts in
 ``Pass.__init__`` (or ``Pass.restart`` with persistent workers) and ends in ``Pass.close``,
 nowhere else. Its workers live exactly as long as it does. See
-NOTE [ Data flow and shutdown ] in ``_protocol.py``.
+NOTE [ Data flow and shutdown ] in ``_protocol/messages.py``.
 """
 
 from __future__ import annotations
@@ -229,7 +229,7 @@ class Pass(Dispatch):
     def close(self, *, wait: bool = True) -> None:
         """Stop the workers (persistent or not); later ``next()`` calls raise RuntimeError.
 
-        The reaper thread stops them (NOTE [ Who stops workers ] in ``_workers/_reaper.py``);
+        The reaper thread stops them (NOTE [ Who stops workers ] in ``_workers/reaper.py``);
         this waits for it unless *wait* is false (a finalizer, which must never block).
         """
         if self.state is State.CLOSED:

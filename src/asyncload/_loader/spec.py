@@ -37,11 +37,12 @@ class PassSpec:
     generator: torch.Generator | None
     multiprocessing_context: Any = None
     prefetch_bytes: int = 1 << 30
-    """Bytes finished-but-undelivered batches may hold beyond the fixed window (``_lookahead``)."""
+    """Bytes finished-but-undelivered batches may hold beyond the fixed window
+    (``_loader.lookahead``)."""
 
     sample_errors: SampleErrorPolicy = _RAISE
     reader_plans: tuple[Any, ...] | None = None
-    """Per worker, the units a re-dealt iterable pass reads (``_elastic_iter``)."""
+    """Per worker, the units a re-dealt iterable pass reads (``_checkpoint.elastic_iter``)."""
     standby: Any = None
     """The loader's ``_workers._standby.StandbySlot``: worker processes started before the
     pass that takes them (the first pass's when the loader is built; without persistent

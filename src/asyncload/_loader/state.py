@@ -1,7 +1,7 @@
 """Saving and loading a ``DataLoader``'s checkpoints (its ``state_dict`` and
 ``load_state_dict``), split out of ``_loader``: which pass position a checkpoint records, and
 how a loaded one is re-dealt when the number of readers changed (``_elastic`` for map-style
-datasets, ``_elastic_iter`` for iterable ones). Works on the loader's own fields.
+datasets, ``_checkpoint.elastic_iter`` for iterable ones). Works on the loader's own fields.
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ built (its first pass) or, without persistent workers, since the pass before sen
 (``_workers._standby``).
 ``Pass.close`` never stops the workers itself: it hands ``Workers.close`` to the reaper thread
 and waits for it (a finalizer does not wait): NOTE [ Who stops workers ] in
-``_workers/_reaper.py``. There, ``ProcessWorkers.close``, through
+``_workers/reaper.py``. There, ``ProcessWorkers.close``, through
 ``_workers._stop.stop_processes`` (which also stops standby processes no pass took), is the
 shutdown sequence:
 
@@ -55,7 +55,7 @@ shutdown sequence:
 4. ``cancel_join_thread()`` and ``close()`` every queue, so no feeder thread blocks the exit;
    ``close()`` every exited process;
 5. let go of the queues, event and processes in another thread, so that their finalizers can't
-   swallow a Ctrl-C (NOTE [ Ctrl-C and finalizers ] in ``_workers/_stop.py``).
+   swallow a Ctrl-C (NOTE [ Ctrl-C and finalizers ] in ``_workers/stop.py``).
 
 A worker also exits on its own when its parent dies (the reader thread's watchdog sees a new
 parent pid or EOF on the index queue), so a SIGKILLed main process leaves no worker behind.
@@ -160,7 +160,8 @@ class Result:
     sample_count: int = -1
     """Samples in ``data`` when some may have been skipped (0: nothing to yield), else -1."""
     tags: tuple[Any, ...] = ()
-    """Which samples the batch took, from a dataset that tags its items (``_elastic_iter``)."""
+    """Which samples the batch took, from a dataset that tags its items
+    (``_checkpoint.elastic_iter``)."""
 
 
 @dataclass(frozen=True, slots=True)

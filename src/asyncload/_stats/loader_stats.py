@@ -1,6 +1,6 @@
 """The frozen snapshot ``DataLoader.stats()`` returns, and how a pass tallies it.
 
-The counters themselves live in ``_metrics`` (re-exported here, so ``_stats.note_bytes`` and
+The counters themselves live in ``_stats.recorder`` (re-exported here, so ``_stats.note_bytes`` and
 friends keep working): each engine owns a ``Recorder``, which storage code notes into
 through a ContextVar. Workers ship a ``RecorderSnapshot`` with their results; the main
 process keeps the newest one per worker and merges them in ``merge``.

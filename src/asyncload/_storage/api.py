@@ -6,7 +6,7 @@ the backend's single attempts under the options' ``Retry`` policy.
 
 Settings given with ``configure`` in the main process reach workers through
 ``export_config`` / ``import_config``, which the DataLoader's worker start-up calls; they live
-in ``_storage_config.py`` and are re-exported here. Clients are created lazily, per event loop
+in ``_storage/config.py`` and are re-exported here. Clients are created lazily, per event loop
 (aiohttp) or per process (obstore), so nothing here has to be picklable but the settings
 themselves.
 """

@@ -1,4 +1,5 @@
-"""The main process's side of NOTE [ Reused shared memory ] (in ``_shm.py``): every worker's
+"""The main process's side of NOTE [ Reused shared memory ] (in ``_transfer/shm.py``): every
+worker's
 blocks mapped once, views handed to unpickled batches, and the uses the main process is done
 with queued for the worker that owns the block.
 

@@ -1,8 +1,9 @@
-"""The worker's side of NOTE [ Reused shared memory ] (in ``_shm.py``): its ``BlockPool``.
+"""The worker's side of NOTE [ Reused shared memory ] (in ``_transfer/shm.py``): its ``BlockPool``.
 
 A pool hands out memfd blocks as storages, takes them back when both sides are done with a use,
 and pickles the blocks a message names as references whose descriptors travel beside it.
-``_shm.py`` installs one pool per worker process and re-exports ``BlockPool`` and ``BlockRef``.
+``_transfer/shm.py`` installs one pool per worker process and re-exports ``BlockPool`` and
+``BlockRef``.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ A worker pickles each ``Result`` itself (``pack``) before it reaches the
   pickled as bytes.
 * **large tensors travel in reused shared memory** (images, features): blocks of the worker's
   pool, mapped once in the main process, named by id; see NOTE [ Reused shared memory ] in
-  ``_shm.py``. Where the pool can't serve, torch's own shared memory is used.
+  ``_transfer/shm.py``. Where the pool can't serve, torch's own shared memory is used.
 * **a large pickle travels in a block too** (a batch of bytes, strings or arrays pickled by
   value, over ``STASH_MIN``): copied once into the worker's pool, read once by the main
   process, instead of crossing the pipe in 64 KiB pieces and being copied four more times.

@@ -48,9 +48,9 @@ class Workers(Protocol):
 
     def prepare_next(self) -> None:
         """The pass has sent its last task: get the next pass's engines ready meanwhile
-        (``_standby``; nothing for one thread, or with persistent workers)."""
+        (``_workers.standby``; nothing for one thread, or with persistent workers)."""
 
     def close(self) -> None:
         """Stop every engine and release its resources; safe to call more than once.
 
-        Called on the reaper thread only (NOTE [ Who stops workers ] in ``_reaper.py``)."""
+        Called on the reaper thread only (NOTE [ Who stops workers ] in ``_workers/reaper.py``)."""

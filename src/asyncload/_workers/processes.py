@@ -1,6 +1,6 @@
 """Worker processes: start, send, receive (unpack and pin), liveness, and the shutdown protocol.
 
-See NOTE [ Data flow and shutdown ] in ``_protocol.py``; ``stop_processes`` is its shutdown
+See NOTE [ Data flow and shutdown ] in ``_protocol/messages.py``; ``stop_processes`` is its shutdown
 sequence, and the only one.
 """
 
@@ -65,7 +65,7 @@ class ProcessWorkers:
         pin_device: Pin replies for this accelerator, or ``None``.
         shm_blocks: At most this many shared-memory blocks per worker.
         sent_objects: The user's objects every worker receives, named for pickling errors.
-        standby: Where processes started ahead of this pass may wait (``_standby``), and
+        standby: Where processes started ahead of this pass may wait (``_workers.standby``), and
             where this pass starts the next pass's once it has sent its last task.
         next_pass: Whether the next pass needs processes of its own (not with persistent
             workers: it runs on these).

@@ -15,7 +15,7 @@ that exists for it, and a finalizer only hands it the job::
     training thread:          Pass.close() ──► reaper.submit(job, wait=True) ─┐ waits, bounded
     "asyncload-reaper":       job(): stop_processes (bounded joins) ◄─────────┘
                               drops the objects: their finalizers run here, never on the
-                              main thread (NOTE [ Ctrl-C and finalizers ] in ``_stop.py``)
+                              main thread (NOTE [ Ctrl-C and finalizers ] in ``_workers/stop.py``)
                               every few seconds: reclaims idle standby processes
 
 Until the reaper has stopped them, the objects that own processes (a pass's workers, a standby
@@ -30,8 +30,8 @@ finalizer. Where it can't run (a child made by ``os.fork()``, interpreter exit) 
 the queue for the next ordinary call, or runs in the caller when the caller may block (an
 explicit ``close()``, ``atexit``). A job that raises is printed to stderr and the reaper goes on.
 
-Standby processes (``_standby``) are bounded here too: at most ``max_standby_processes()`` of
-them across every loader of the process (``ASYNCLOAD_MAX_STANDBY``, default twice the usable
+Standby processes (``_workers.standby``) are bounded here too: at most ``max_standby_processes()``
+of them across every loader of the process (``ASYNCLOAD_MAX_STANDBY``, default twice the usable
 cores, at least 4); a new set pushes out the oldest, and a set no pass has taken for
 ``standby_idle_s()`` seconds (``ASYNCLOAD_STANDBY_IDLE``, default 60) is stopped.
 """

@@ -118,7 +118,7 @@ class StandbySlot:
 
     Sets are bounded across the process (``_reaper.StandbyBudget``): a new one pushes out the
     oldest, and one that waits too long is stopped. Every stop goes through the reaper
-    (NOTE [ Who stops workers ] in ``_reaper.py``); nothing here joins in a finalizer.
+    (NOTE [ Who stops workers ] in ``_workers/reaper.py``); nothing here joins in a finalizer.
 
     Examples:
         >>> slot = StandbySlot()  # doctest: +SKIP

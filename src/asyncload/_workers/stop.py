@@ -1,5 +1,6 @@
 """The shutdown sequence of worker processes, NOTE [ Data flow and shutdown ] in
-``_protocol.py``: written once, for a pass's workers and for standby ones (``_standby``).
+``_protocol/messages.py``: written once, for a pass's workers and for standby ones
+(``_workers.standby``).
 
 NOTE [ Ctrl-C and finalizers ]
 ------------------------------
@@ -47,8 +48,8 @@ def stop_processes(
 ) -> None:
     """Stop worker processes and close their queues: NOTE [ Data flow and shutdown ], steps 1-4
     (the pin-memory thread, step 0, is the caller's). Also for standby processes that never
-    got a config (``_standby``): they take the same ``Shutdown``. Without *close_objects* the
-    exited processes' objects stay usable (``is_alive()``, ``join()``: a pass's ``_workers``,
+    got a config (``_workers.standby``): they take the same ``Shutdown``. Without *close_objects*
+    the exited processes' objects stay usable (``is_alive()``, ``join()``: a pass's ``_workers``,
     which torch's iterator exposes); their descriptors go with them."""
     done.set()
     for q in index_queues:

@@ -11,7 +11,8 @@ out, never on network timing, so a pass can be replayed exactly. Resuming after 
 replays the choices without fetching: map-style sources only advance an index, iterable sources
 resume through their own ``aiter_from`` where the mode allows it (see ``Mix.aiter_from``).
 
-Elastic resume (``_elastic_iter``): a ``Mix`` is read in *units*, each tagged with its source
+Elastic resume (``_checkpoint.elastic_iter``): a ``Mix`` is read in *units*, each tagged with its
+source
 in the high bits (``source * _SOURCE + unit``): for an iterable source, that source's own units
 (``TarShards``' shards); for a map-style one, a reader's slice ``perm[reader::readers]`` of the
 epoch's permutation, self-describing (``_SLICE | readers << 24 | reader``), so a later pass with

@@ -125,7 +125,8 @@ async def interleaved(
     The next shards are opened ahead so their first bytes are there when a slot frees up;
     a finished shard's slot goes to the next shard, so the order depends on data alone.
 
-    *tagged*: yield ``(tag, sample)``, the tag as ``_elastic_iter`` defines it. *leave_out*:
+    *tagged*: yield ``(tag, sample)``, the tag as ``_checkpoint.elastic_iter`` defines it.
+    *leave_out*:
     per shard, ``(watermark, extras)``: offsets below the watermark and in extras are read but
     not yielded (delivered before a checkpoint).
     """

@@ -9,7 +9,7 @@ finalizes it.
 
 Redirects are followed by hand so that a redirect to another host (or to ``file:``) is refused
 unless ``StorageOptions.allow_cross_host_redirects`` is set. What a response or an exception
-means (statuses, lengths, versions, error mapping) is read in ``_http_errors``.
+means (statuses, lengths, versions, error mapping) is read in ``backends.http_errors``.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """What one HTTP attempt's response or exception means: sizes, versions and ``AttemptFailed``.
 
-``_http`` sends the requests; this module reads their answers. A status, a short body, a missing
+``backends.http`` sends the requests; this module reads their answers. A status, a short body, a
+missing
 length or an aiohttp/socket exception becomes an ``AttemptFailed`` naming the asyncload error
 and whether a retry may help, so nothing aiohttp-specific leaks past the backend.
 """

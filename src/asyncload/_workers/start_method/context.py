@@ -6,13 +6,14 @@ asyncload starts workers with ``forkserver`` by default on Linux (and ``spawn`` 
   background runtime (obstore's Tokio runtime among them) and CUDA hang in such a child; so does
   any library holding a lock at fork time. ``forkserver`` forks from a clean server process.
 * it is Python 3.14's default on Linux, so code written for it keeps working.
-* the forkserver preloads torch and asyncload once (and uvloop and obstore, see ``_preload``),
+* the forkserver preloads torch and asyncload once (and uvloop and obstore, see
+``start_method.preload``),
   so each worker starts in milliseconds
   rather than re-importing torch as ``spawn`` would. That holds however the start method is
   named (default, ``"forkserver"``, or a context object), and ``start_early`` starts the
   forkserver as soon as a loader exists: forked from this process when that is safe
-  (``_forkserver``, default start method only), else afresh in the background, so that the
-  one-time import overlaps the user's model building instead of delaying the first batch.
+  (``start_method.forkserver``, default start method only), else afresh in the background, so that
+  the one-time import overlaps the user's model building instead of delaying the first batch.
 
 In an interactive session ``__main__`` has no file, so functions and classes defined there can't
 be found by a worker that didn't fork from it: asyncload then falls back to ``fork`` and warns
@@ -138,8 +139,8 @@ def start_early(ctx: BaseContext, *, fork: bool = False) -> bool:
 
     Called when a loader with workers is built, with its ``early_context``. With *fork* (the
     default start method), the server is forked from this process when that is safe
-    (``_forkserver``): it serves at once. Otherwise it starts afresh in a background thread,
-    and its one-time imports (1-5 s) overlap whatever the program does before
+    (``start_method.forkserver``): it serves at once. Otherwise it starts afresh in a background
+    thread, and its one-time imports (1-5 s) overlap whatever the program does before
     ``iter(loader)``. The loader then starts its first pass's processes from it, also in the
     background (``_workers._standby``), so the first batch waits for neither. Returns whether
     it started the server (once per process; multiprocessing stops it at exit).

@@ -20,8 +20,8 @@ What differs from a server started afresh, and how it is handled:
 * ``__main__`` is this process's module, not imported again: workers see the script's globals as
   they were when the loader was built (its ``__file__`` normalised as multiprocessing compares
   it, else every worker would run ``python ./train.py`` again). What only the guarded part of
-  the script defines is still refused up front (``_guards``), as for a fresh server: a script
-  that works with one works with the other;
+  the script defines is still refused up front (``start_method.guards``), as for a fresh server: a
+  script that works with one works with the other;
 * it keeps this process's open files, as any forked child does, but each pipe and socket becomes
   one whose peer is gone (EOF to reads, EPIPE to writes): held there, they would keep their
   peers from seeing EOF (a subprocess's stdin; the "alive" pipe, whose EOF tells the server

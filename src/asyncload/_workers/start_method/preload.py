@@ -4,7 +4,8 @@ Every worker imports uvloop for its loop, and one reading ``s3://``, ``gs://`` o
 imports obstore: 3 ms and 9 ms of every new worker's start, every epoch. Every worker also
 seeds NumPy's global generator (``numpy.random``, which ``import numpy`` leaves for later: 6-9 ms
 here) and aiohttp encodes host names through ``encodings.idna`` (1-2 ms). The main process never
-imports this module: obstore in its ``sys.modules`` would mark it unsafe to fork (``_guards``).
+imports this module: obstore in its ``sys.modules`` would mark it unsafe to fork
+(``start_method.guards``).
 Importing obstore starts no thread; its runtime starts on first use, in a worker.
 """
 
