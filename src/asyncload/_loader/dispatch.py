@@ -19,7 +19,6 @@ import numpy as np
 
 from .._checkpoint.resume import Progress, ResumePoint, capture_rng
 from .._dataset.sample_errors import Budget
-from .._engine.watchdog import StallBoard
 from .._exceptions import BatchTimeout
 from .._protocol.messages import (
     POLL_INTERVAL,
@@ -34,6 +33,7 @@ from .._stats.loader_stats import Tally
 from .._workers import Workers
 from .lookahead import LookAhead, batch_nbytes
 from .spec import PassSpec
+from .stalls import StallBoard
 
 __all__ = ["Dispatch"]
 

@@ -25,7 +25,6 @@ import torch
 import torch.utils.data
 
 from .._checkpoint.resume import Progress, ResumePoint, restore_rng
-from .._engine.watchdog import StallBoard
 from .._protocol.messages import Failure, PassStarted, StartPass
 from .._stats.loader_stats import Tally
 from .._workers import Workers
@@ -33,6 +32,7 @@ from .._workers.reaper import reaper
 from . import start as _start
 from .dispatch import Dispatch
 from .spec import PassSpec, length_warning, spec_length
+from .stalls import StallBoard
 
 __all__ = ["Pass", "PassSpec", "State"]
 

@@ -29,15 +29,17 @@ import torch.utils.data
 
 from .._dataset import sharding as _sharding
 from .._engine import Engine, WorkerConfig
+from .._engine import sample_watch as _sample_watch
 from .._engine import watchdog as _watchdog
-from .._engine.watchdog import parent_alive as _parent_alive
 from .._protocol import shipping as _shipping
 from .._protocol.messages import POLL_INTERVAL, Failure, RemoteError, Result, Shutdown, Standing
 from .._stats import recorder as _metrics
 from .._storage import api as _storage
 from .._transfer import shm as _shm
 from .._transfer.pickling import INLINE_MAX, pack
+from . import parent_watch as _parent_watch
 from . import tuning as _tuning
+from .parent_watch import parent_alive as _parent_alive
 
 __all__ = ["ThreadWorker", "WorkerConfig", "new_event_loop", "worker_main"]
 
@@ -139,7 +141,8 @@ def worker_main(sent: Any, index_queue: Any, result_queue: Any, done_event: Any)
     if cfg is None:
         return
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _watchdog.watch_parent(cfg.main_pid)  # asyncload-guard hook: exits even if the loop is stuck
+    # asyncload-guard hook: exits even if the loop is stuck
+    _parent_watch.watch_parent(cfg.main_pid)
     torch.set_num_threads(1)
     _tuning.tune_worker(cfg.max_concurrency)  # before worker_init_fn: the user's settings win
     where = f"in DataLoader worker {cfg.worker_id} (pid {os.getpid()})"
@@ -201,7 +204,7 @@ def worker_main(sent: Any, index_queue: Any, result_queue: Any, done_event: Any)
 def _await_config(standing: Standing, index_queue: Any, done_event: Any) -> Any:
     """A standby worker's wait for its pickled config; ``None`` when told to stop instead."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _watchdog.watch_parent(standing.main_pid)
+    _parent_watch.watch_parent(standing.main_pid)
     # What every worker does first and needs no config for, done while nobody waits: a new
     # process's first seeding alone takes ~2 ms (its pages are copied on first write), an
     # obstore client 7-17 ms.
@@ -247,7 +250,7 @@ def run_engine(
     loop.set_default_executor(pool)
     asyncio.set_event_loop(loop)
     monitor = _watchdog.start_monitor(loop, put, cfg.worker_id)  # asyncload-guard hook
-    watch = _watchdog.start_sample_watch(loop, put, cfg.worker_id)
+    watch = _sample_watch.start_sample_watch(loop, put, cfg.worker_id)
     try:
         engine = loop.run_until_complete(_make_engine(cfg, put, where, recorder))
         inbox: asyncio.Queue[object] = asyncio.Queue()
