@@ -91,7 +91,7 @@ def sample_order(num_objects: int, count: int, seed: int) -> list[int]:
 
 @contextlib.contextmanager
 def embedded_store(*, objects: int, latency: float, seed: int) -> Iterator[str]:
-    """Run ``asyncload._demo_server`` in a child process; yield its dataset prefix URL."""
+    """Run ``cli/demo_server.py`` in a child process; yield its dataset prefix URL."""
     script = Path(_demo_server.__file__)
     proc = subprocess.Popen(
         [
