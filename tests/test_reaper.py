@@ -121,10 +121,9 @@ def test_a_submit_never_blocks_and_a_waiting_one_returns_once_its_job_ran(
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_finalizers_on_other_threads_never_block_while_another_pass_iterates() -> None:
-    """A collection on a thread holding threading's start lock (as one triggered inside
-    Thread.start() does) runs dropped passes' finalizers: they hand the stop to the reaper and
-    return. At e28034f one joined the loop thread there (5 s), or started a thread (a
-    deadlock)."""
+    """A collection on another thread runs dropped passes' finalizers (a num_workers=0 pass
+    dropped mid-epoch, now and then one with processes and its loader): they hand the stop to
+    the reaper and return. At e28034f one joined the loop thread there (5.8 s)."""
     out: dict[str, Any] = run_script("finalizers.py", "200", timeout=170)
     assert out["rounds"] == out["batches"] == 200
     assert out["slowest"] < 2.0, out

@@ -222,10 +222,22 @@ reaper = Reaper()
 
 
 def _drain_at_exit() -> None:
-    reaper._run_pending()
-    # The job the thread may be running (a daemon thread runs on during exit handlers).
-    if reaper._job_lock.acquire(timeout=WAIT_TIMEOUT):
-        reaper._job_lock.release()
+    # Bounded: what can't be stopped in time is left to multiprocessing's own exit handler
+    # (it terminates daemonic children) and to the end of the process (daemon threads).
+    deadline = time.monotonic() + WAIT_TIMEOUT
+    while time.monotonic() < deadline:
+        # The job the thread may be running (a daemon thread runs on during exit handlers).
+        if not reaper._job_lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            return
+        try:
+            job = reaper._queue.get_nowait()
+        except queue.Empty:
+            return
+        finally:
+            reaper._job_lock.release()
+        with reaper._job_lock:
+            _run_job(job.fn)
+        job.done.set()
 
 
 # atexit runs its handlers last-registered first: this one before multiprocessing's (which

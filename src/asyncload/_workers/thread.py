@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import queue
+import threading
 from collections.abc import Callable
 
 from .._engine import WorkerConfig
@@ -69,4 +70,8 @@ class ThreadWorkers:
             return
         self._closed = True
         self._worker.send(Shutdown())
-        self._worker.join(_JOIN_TIMEOUT)
+        if threading.main_thread().is_alive():
+            self._worker.join(_JOIN_TIMEOUT)
+        # At interpreter exit the loop thread (a daemon) goes with the process: waiting for it
+        # there would make every pass still queued for the reaper cost its join, one after the
+        # other (its thread pool may refuse new work by then, so a sync __getitem__ never ends).
