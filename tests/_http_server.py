@@ -44,6 +44,7 @@ class ObjectServer:
     hits: collections.Counter[str] = field(default_factory=collections.Counter)
     active: int = 0
     peak_active: int = 0  # most requests in the handler at once since reset()
+    finished: int = 0  # requests that have left the handler since reset() (rounds, not clocks)
     headers_seen: list[dict[str, str]] = field(default_factory=list)
     raw_paths: list[str] = field(default_factory=list)  # request targets exactly as received
     replacements: dict[str, bytes] = field(default_factory=dict)
@@ -95,6 +96,7 @@ class ObjectServer:
         self.faults.clear()
         self.hits.clear()
         self.peak_active = 0
+        self.finished = 0
         self.headers_seen.clear()
         self.raw_paths.clear()
         self.replacements.clear()
@@ -254,6 +256,7 @@ def _make_app(state: ObjectServer) -> web.Application:
             raise
         finally:
             state.active -= 1
+            state.finished += 1
 
     app = web.Application()
     app.router.add_route("GET", "/{path:.*}", counted)
