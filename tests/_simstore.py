@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from asyncload._storage.concurrency import LimitController, Outcome
+from asyncload._control import LimitController, Outcome
 
 Answer = Callable[[Outcome, "float | None"], None]
 

@@ -11,7 +11,7 @@ import math
 
 import pytest
 
-from asyncload._storage.concurrency import (
+from asyncload._control import (
     AdaptiveLimiter,
     ControlConfig,
     LimitController,

@@ -21,6 +21,7 @@ LAYERS: dict[str, int] = {
     "_exceptions": 0,  # every error and warning
     "_redact": 0,
     "_stats": 0,  # the recorder storage calls note into, and LoaderStats
+    "_control": 0,  # control laws (the adaptive in-flight limit): pure, the clock passed in
     # 1: storage: read, stream, stat, list over every scheme
     "_storage": 1,
     "sources": 1,  # the public face of _storage.backends

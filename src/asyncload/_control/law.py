@@ -62,42 +62,20 @@ was not simulated: at 50 ms it needs ~2 s per 40 requests in flight, where growt
 change of 2x must take under 3 s. Not covered: a store at 500 ms that throttles synchronized
 bursts (0.56 of the rate; pacing the sends would help).
 
-How it is meant to be wired (not yet; the engine and storage modules are being moved):
-
-* The engine's in-flight ``asyncio.Semaphore`` (one per worker) becomes a ``PrefixLimits``:
-  ``await limits.limiter(prefix).acquire()`` before a request and ``release(outcome, latency,
-  retry_after)`` after each attempt, with the prefix from the storage layer (bucket and the
-  key's first segment for S3/GCS/Azure, scheme://host for HTTP). The worker's total stays
-  bounded by ``max_concurrency`` when it is an int; ``None``/``"auto"`` leaves the prefix limits
-  alone. A retry acquires again, so it is retried within the cut limit.
-* The retry path (``AttemptFailed`` with status 503/429, S3 ``SlowDown``, ``retry_after``) maps
-  to ``Outcome.THROTTLED``; other retryable failures to ``Outcome.FAILED``; no hedge goes to a
-  prefix whose phase is ``recovering`` or ``held``.
-* ``PrefixLimits.export()`` rides to the main process beside (not inside) the stats at the end
-  of a pass; the main process ``combine``s the states per prefix and passes them, rescaled with
-  ``for_workers``, in the next pass's configuration (``learned=``), or on a side channel during
-  a pass (``merge``). ``stats()`` feeds ``loader.stats()`` and ``asyncload bench``.
+Where it runs: ``_engine/slots.py`` sizes a worker's fetch slots with it (one controller per
+worker, each sample one request; a storage attempt's throttle reaches it through
+``_stats.note_throttle``); ``limiter.py`` has the asyncio semaphore built on it.
 """
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import enum
 import math
-import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-__all__ = [
-    "AdaptiveLimiter",
-    "ControlConfig",
-    "LimitController",
-    "LimitState",
-    "LimitStats",
-    "Outcome",
-    "PrefixLimits",
-]
+__all__ = ["ControlConfig", "LimitController", "LimitState", "LimitStats", "Outcome"]
 
 
 class Outcome(enum.Enum):
@@ -418,6 +396,13 @@ class LimitController:
         if len(self._epoch_latencies) >= needed:
             self._end_epoch(now)
 
+    def throttled(self, now: float, sent: float, retry_after: float | None = None) -> None:
+        """A request sent at *sent* was told "too many" at *now* and is being retried: it
+        stays in flight (its final answer comes through ``finished``), but the limit is cut
+        now, as for a ``THROTTLED`` answer."""
+        self._throttled += 1
+        self._throttle(now, sent, retry_after)
+
     def cpu_bound(self, now: float, bound: bool) -> None:
         """Whether the CPU lane (decoding, collating) is what limits the worker now.
 
@@ -617,150 +602,3 @@ class LimitController:
         self._streak = 0
         self._limit = self._clamp(limit)
         self._new_epoch(now)
-
-
-class AdaptiveLimiter:
-    """An asyncio semaphore whose size is a ``LimitController``'s limit.
-
-    ``acquire`` waits (first come, first served) while the prefix has ``limit`` requests in
-    flight; ``release`` reports the answer and lets waiters in if the limit allows.
-
-    Args:
-        controller: The controller; a new default one if omitted.
-        clock: The time source (the event loop's ``time`` by default).
-
-    Examples:
-        >>> import asyncio
-        >>> async def main() -> int:
-        ...     limiter = AdaptiveLimiter(LimitController(cap=2, now=0.0), clock=lambda: 0.0)
-        ...     await limiter.acquire()
-        ...     await limiter.acquire()
-        ...     waiter = asyncio.ensure_future(limiter.acquire())
-        ...     await asyncio.sleep(0)
-        ...     assert not waiter.done()
-        ...     limiter.release(Outcome.OK, latency=0.0)
-        ...     await waiter
-        ...     return limiter.controller.in_flight
-        >>> asyncio.run(main())
-        2
-    """
-
-    def __init__(
-        self,
-        controller: LimitController | None = None,
-        *,
-        clock: Callable[[], float] | None = None,
-    ) -> None:
-        self.controller = controller or LimitController(now=(clock or time.monotonic)())
-        self._clock = clock
-        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
-
-    def _now(self) -> float:
-        return self._clock() if self._clock is not None else asyncio.get_running_loop().time()
-
-    async def acquire(self) -> None:
-        """Wait for a slot; the request counts as started when this returns."""
-        c = self.controller
-        if not self._waiters and c.in_flight < c.limit:
-            c.started(self._now())
-            return
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
-        try:
-            await waiter
-        except asyncio.CancelledError:
-            if waiter.done() and not waiter.cancelled():
-                # Granted and cancelled in the same turn: hand the slot on.
-                c.finished(self._now(), Outcome.FAILED, 0.0)
-                self._wake()
-            raise
-        finally:
-            if waiter in self._waiters:
-                self._waiters.remove(waiter)
-
-    def release(self, outcome: Outcome, latency: float, retry_after: float | None = None) -> None:
-        """A request that ``acquire`` admitted was answered (see ``LimitController.finished``)."""
-        self.controller.finished(self._now(), outcome, latency, retry_after)
-        self._wake()
-
-    def _wake(self) -> None:
-        c = self.controller
-        while self._waiters and c.in_flight < c.limit:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                # Counted as started now, not when it runs: a second wake in the same turn
-                # must see this slot taken.
-                c.started(self._now())
-                waiter.set_result(None)
-
-
-class PrefixLimits:
-    """One ``AdaptiveLimiter`` per storage prefix of a worker, with their states to share.
-
-    Args:
-        config: The control law's constants for every prefix.
-        cap: The user's ``max_concurrency`` (per prefix), if any.
-        learned: States by prefix from earlier workers (the pass's configuration).
-        clock: The time source (the event loop's by default).
-
-    Examples:
-        >>> limits = PrefixLimits(cap=16, clock=lambda: 0.0)
-        >>> limits.limiter("s3://bucket/train").controller.limit
-        8
-        >>> sorted(limits.export())
-        ['s3://bucket/train']
-    """
-
-    # More prefixes than this means the keys are not prefixes (say, whole object keys):
-    # forget the oldest rather than grow without bound.
-    MAX_PREFIXES = 256
-
-    def __init__(
-        self,
-        config: ControlConfig | None = None,
-        *,
-        cap: int | None = None,
-        learned: Mapping[str, LimitState] | None = None,
-        clock: Callable[[], float] | None = None,
-    ) -> None:
-        self.config = config or ControlConfig()
-        self.cap = cap
-        self._learned = dict(learned or {})
-        self._clock = clock or time.monotonic
-        self._limiters: dict[str, AdaptiveLimiter] = {}
-
-    def limiter(self, prefix: str) -> AdaptiveLimiter:
-        """The limiter of *prefix*, made on first use from what was learned of it."""
-        found = self._limiters.get(prefix)
-        if found is not None:
-            return found
-        if len(self._limiters) >= self.MAX_PREFIXES:
-            for key, old in self._limiters.items():
-                if old.controller.in_flight == 0:
-                    del self._limiters[key]
-                    break
-        controller = LimitController(
-            self.config, cap=self.cap, learned=self._learned.get(prefix), now=self._clock()
-        )
-        made = self._limiters[prefix] = AdaptiveLimiter(controller, clock=self._clock)
-        return made
-
-    def export(self) -> dict[str, LimitState]:
-        """Every prefix's state, for the main process."""
-        return {p: lim.controller.export() for p, lim in self._limiters.items()}
-
-    def merge(self, states: Mapping[str, LimitState]) -> None:
-        """Take in the other workers' states of the prefixes this worker reads."""
-        now = self._clock()
-        for prefix, state in states.items():
-            found = self._limiters.get(prefix)
-            if found is not None:
-                found.controller.merge(state, now)
-                found._wake()
-            else:
-                self._learned[prefix] = state
-
-    def stats(self) -> dict[str, LimitStats]:
-        """Every prefix's figures."""
-        now = self._clock()
-        return {p: lim.controller.stats(now) for p, lim in self._limiters.items()}

@@ -1,0 +1,21 @@
+"""Control laws: how many requests to keep in flight, found from what the answers say.
+
+Pure logic with the clock passed in (no I/O, no event loop but ``limiter``'s semaphore), so
+that a simulator drives it as a worker does. ``law`` is the controller (issue #33),
+``limiter`` the semaphore built on it; ``_engine/slots.py`` is where a worker uses them.
+"""
+
+from __future__ import annotations
+
+from .law import ControlConfig, LimitController, LimitState, LimitStats, Outcome
+from .limiter import AdaptiveLimiter, PrefixLimits
+
+__all__ = [
+    "AdaptiveLimiter",
+    "ControlConfig",
+    "LimitController",
+    "LimitState",
+    "LimitStats",
+    "Outcome",
+    "PrefixLimits",
+]

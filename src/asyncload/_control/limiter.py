@@ -1,0 +1,175 @@
+"""An asyncio semaphore sized by a ``LimitController``, one per worker or per storage prefix.
+
+``AdaptiveLimiter`` admits requests while fewer than the controller's limit are in flight
+(first come, first served) and reports each answer to it; ``PrefixLimits`` keeps one per
+prefix with the states to share between workers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+from collections.abc import Callable, Mapping
+
+from .law import ControlConfig, LimitController, LimitState, LimitStats, Outcome
+
+__all__ = ["AdaptiveLimiter", "PrefixLimits"]
+
+
+class AdaptiveLimiter:
+    """An asyncio semaphore whose size is a ``LimitController``'s limit.
+
+    ``acquire`` waits (first come, first served) while the prefix has ``limit`` requests in
+    flight; ``release`` reports the answer and lets waiters in if the limit allows.
+
+    Args:
+        controller: The controller; a new default one if omitted.
+        clock: The time source (the event loop's ``time`` by default).
+
+    Examples:
+        >>> import asyncio
+        >>> async def main() -> int:
+        ...     limiter = AdaptiveLimiter(LimitController(cap=2, now=0.0), clock=lambda: 0.0)
+        ...     await limiter.acquire()
+        ...     await limiter.acquire()
+        ...     waiter = asyncio.ensure_future(limiter.acquire())
+        ...     await asyncio.sleep(0)
+        ...     assert not waiter.done()
+        ...     limiter.release(Outcome.OK, latency=0.0)
+        ...     await waiter
+        ...     return limiter.controller.in_flight
+        >>> asyncio.run(main())
+        2
+    """
+
+    def __init__(
+        self,
+        controller: LimitController | None = None,
+        *,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        self.controller = controller or LimitController(now=(clock or time.monotonic)())
+        self._clock = clock
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+
+    def _now(self) -> float:
+        return self._clock() if self._clock is not None else asyncio.get_running_loop().time()
+
+    async def acquire(self) -> None:
+        """Wait for a slot; the request counts as started when this returns."""
+        c = self.controller
+        if not self._waiters and c.in_flight < c.limit:
+            c.started(self._now())
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                # Granted and cancelled in the same turn: hand the slot on.
+                c.finished(self._now(), Outcome.FAILED, 0.0)
+                self.wake()
+            raise
+        finally:
+            if waiter in self._waiters:
+                self._waiters.remove(waiter)
+
+    def release(self, outcome: Outcome, latency: float, retry_after: float | None = None) -> None:
+        """A request that ``acquire`` admitted was answered (see ``LimitController.finished``)."""
+        self.controller.finished(self._now(), outcome, latency, retry_after)
+        self.wake()
+
+    @property
+    def waiting(self) -> bool:
+        """Whether requests wait for a slot."""
+        return bool(self._waiters)
+
+    def throttled(self, sent: float, retry_after: float | None = None) -> None:
+        """A request admitted at *sent* was told "too many" and is being retried in its slot
+        (see ``LimitController.throttled``)."""
+        self.controller.throttled(self._now(), sent, retry_after)
+
+    def wake(self) -> None:
+        """Let waiters in while the limit allows (after a release, or a limit that grew)."""
+        c = self.controller
+        while self._waiters and c.in_flight < c.limit:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                # Counted as started now, not when it runs: a second wake in the same turn
+                # must see this slot taken.
+                c.started(self._now())
+                waiter.set_result(None)
+
+
+class PrefixLimits:
+    """One ``AdaptiveLimiter`` per storage prefix of a worker, with their states to share.
+
+    Args:
+        config: The control law's constants for every prefix.
+        cap: The user's ``max_concurrency`` (per prefix), if any.
+        learned: States by prefix from earlier workers (the pass's configuration).
+        clock: The time source (the event loop's by default).
+
+    Examples:
+        >>> limits = PrefixLimits(cap=16, clock=lambda: 0.0)
+        >>> limits.limiter("s3://bucket/train").controller.limit
+        8
+        >>> sorted(limits.export())
+        ['s3://bucket/train']
+    """
+
+    # More prefixes than this means the keys are not prefixes (say, whole object keys):
+    # forget the oldest rather than grow without bound.
+    MAX_PREFIXES = 256
+
+    def __init__(
+        self,
+        config: ControlConfig | None = None,
+        *,
+        cap: int | None = None,
+        learned: Mapping[str, LimitState] | None = None,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        self.config = config or ControlConfig()
+        self.cap = cap
+        self._learned = dict(learned or {})
+        self._clock = clock or time.monotonic
+        self._limiters: dict[str, AdaptiveLimiter] = {}
+
+    def limiter(self, prefix: str) -> AdaptiveLimiter:
+        """The limiter of *prefix*, made on first use from what was learned of it."""
+        found = self._limiters.get(prefix)
+        if found is not None:
+            return found
+        if len(self._limiters) >= self.MAX_PREFIXES:
+            for key, old in self._limiters.items():
+                if old.controller.in_flight == 0:
+                    del self._limiters[key]
+                    break
+        controller = LimitController(
+            self.config, cap=self.cap, learned=self._learned.get(prefix), now=self._clock()
+        )
+        made = self._limiters[prefix] = AdaptiveLimiter(controller, clock=self._clock)
+        return made
+
+    def export(self) -> dict[str, LimitState]:
+        """Every prefix's state, for the main process."""
+        return {p: lim.controller.export() for p, lim in self._limiters.items()}
+
+    def merge(self, states: Mapping[str, LimitState]) -> None:
+        """Take in the other workers' states of the prefixes this worker reads."""
+        now = self._clock()
+        for prefix, state in states.items():
+            found = self._limiters.get(prefix)
+            if found is not None:
+                found.controller.merge(state, now)
+                found.wake()
+            else:
+                self._learned[prefix] = state
+
+    def stats(self) -> dict[str, LimitStats]:
+        """Every prefix's figures."""
+        now = self._clock()
+        return {p: lim.controller.stats(now) for p, lim in self._limiters.items()}
