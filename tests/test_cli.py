@@ -392,7 +392,8 @@ def _setting(workers: int, conc: int, rate: float, p50: float, p99: float) -> An
 
     stats = LoaderStats(
         elapsed_s=1.0, samples=1000, bytes=0, batches=10, samples_per_s=rate, bytes_per_s=0.0,
-        in_flight=(0,), latency_p50=p50, latency_p95=p99, latency_p99=p99, retries={},
+        in_flight=(0,), concurrency=(conc,), latency_p50=p50, latency_p95=p99,
+        latency_p99=p99, retries={},
         errors={}, wait_s=0.0,
     )  # fmt: skip
     return Setting(workers, conc, 1000, rate, 0.0, 0.0, stats)

@@ -22,6 +22,7 @@ from .recorder import (
     note_bytes,
     note_error,
     note_retry,
+    note_throttle,
     recorder,
 )
 
@@ -34,6 +35,7 @@ __all__ = [
     "note_bytes",
     "note_error",
     "note_retry",
+    "note_throttle",
     "recorder",
 ]
 
@@ -61,6 +63,9 @@ class LoaderStats:
     """``bytes / elapsed_s``."""
     in_flight: tuple[int, ...]
     """Samples being fetched right now, per worker (as last reported)."""
+    concurrency: tuple[int, ...]
+    """Samples each worker may have in flight now, as last reported: the limit it found
+    itself (``max_concurrency=None``, the default) or the fixed ``max_concurrency``."""
     latency_p50: float
     """Median time to fetch one sample, in seconds (0.0 before any sample)."""
     latency_p95: float
@@ -77,6 +82,9 @@ class LoaderStats:
     """Of ``wait_s``, the seconds spent waiting for a late batch while later ones were ready
     (``in_order=True``): the cost of stragglers, which ``prefetch_bytes`` lets workers overlap."""
 
+    throttled: int = 0
+    """Answers that said "too many" (``503 SlowDown``, ``429``, ``Retry-After``), summed over
+    workers: each cut that worker's in-flight limit and was retried (also in ``retries``)."""
     hedges_sent: int = 0
     """Hedged requests sent (a second request for a straggling read), summed over workers."""
     hedges_won: int = 0
@@ -144,6 +152,7 @@ def merge(
         samples_per_s=samples / elapsed,
         bytes_per_s=nbytes / elapsed,
         in_flight=tuple(s.in_flight for s in snapshots),
+        concurrency=tuple(s.limit for s in snapshots),
         latency_p50=_percentile(hist, 0.50),
         latency_p95=_percentile(hist, 0.95),
         latency_p99=_percentile(hist, 0.99),
@@ -158,6 +167,7 @@ def merge(
 
 # Counters noted by name (``_metrics.note_count``) that are fields of ``LoaderStats`` as they are.
 _COUNTED = (
+    "throttled",
     "hedges_sent",
     "hedges_won",
     "cache_hits",

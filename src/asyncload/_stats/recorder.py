@@ -3,9 +3,10 @@
 Each engine owns a ``Recorder`` and makes it ``current`` for its event loop's tasks
 (a ContextVar, so a thread's engine never counts the application's own reads, and two engines
 never share counters). Storage code calls ``note_bytes``, ``note_retry``,
-``note_error`` and ``note_count`` (named events: hedges, cache hits, samples per source of a
-``Mix``) without knowing about loaders; outside any engine the notes go to the
-process's own ``recorder``. Knows nothing about loaders.
+``note_error``, ``note_count`` (named events: hedges, cache hits, samples per source of a
+``Mix``) and ``note_throttle`` (a store said "too many": the engine's in-flight limit hears it
+through ``Recorder.on_throttle``) without knowing about loaders; outside any engine the notes
+go to the process's own ``recorder``. Knows nothing about loaders.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import collections
 import contextlib
 import contextvars
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "note_count",
     "note_error",
     "note_retry",
+    "note_throttle",
     "recorder",
     "use",
 ]
@@ -57,6 +59,8 @@ class RecorderSnapshot:
     retries: tuple[tuple[str, int], ...]
     errors: tuple[tuple[str, int], ...]
     counts: tuple[tuple[str, int], ...] = ()
+    limit: int = 0
+    """Samples the engine may have in flight now (its adaptive limit, or the fixed one)."""
 
 
 @dataclass
@@ -70,6 +74,10 @@ class Recorder:
     retries: collections.Counter[str] = field(default_factory=collections.Counter)
     errors: collections.Counter[str] = field(default_factory=collections.Counter)
     counts: collections.Counter[str] = field(default_factory=collections.Counter)
+    limit: int = 0
+    # The engine's in-flight limit, told of a throttle: (when the throttled attempt was sent,
+    # the server's Retry-After). None outside an engine, or with a fixed limit.
+    on_throttle: Callable[[float, float | None], None] | None = None
 
     def note_sample(self, latency: float) -> None:
         self.samples += 1
@@ -84,6 +92,7 @@ class Recorder:
             retries=tuple(sorted(self.retries.items())),
             errors=tuple(sorted(self.errors.items())),
             counts=tuple(sorted(self.counts.items())),
+            limit=self.limit,
         )
 
     def reset(self) -> None:
@@ -136,6 +145,15 @@ def note_error(kind: str) -> None:
 def note_count(name: str, n: int = 1) -> None:
     """Count *n* events called *name* (``"hedges_sent"``, ``"cache_hits"``, ``"mix:0"``, ...)."""
     _current.get().counts[name] += n
+
+
+def note_throttle(sent: float, retry_after: float | None) -> None:
+    """Count one answer that said "too many" (``503 SlowDown``, ``429``, ``Retry-After``) to an
+    attempt sent at *sent* (``time.monotonic``), and tell the running engine's limit."""
+    rec = _current.get()
+    rec.counts["throttled"] += 1
+    if rec.on_throttle is not None:
+        rec.on_throttle(sent, retry_after)
 
 
 def note_level(name: str, n: int) -> None:

@@ -234,6 +234,7 @@ async def _stream_remote(
     resume = _base.Resume()
     while True:
         progress = offset
+        sent = time.monotonic()
         if offset == 0:
             resume.etag = resume.size = None  # nothing delivered yet: any version will do
         opened = (
@@ -255,7 +256,7 @@ async def _stream_remote(
                 attempt = 1
                 started = time.monotonic()
             attempt += failure.requests - 1  # a hedge that failed too was an attempt
-            wait = next_wait(failure, policy, attempt, started)
+            wait = next_wait(failure, policy, attempt, started, sent=sent)
             if wait is None:
                 raise give_up(failure, url, attempt) from failure.__cause__
             await backoff(failure, url, wait, attempt, policy)

@@ -28,8 +28,18 @@ from typing import TypeVar
 from .._exceptions import StorageError
 from .._redact import redact_url
 from .._stats import loader_stats as _stats
+from .._stats import recorder as _recorder
 
-__all__ = ["AttemptFailed", "Hedge", "Retry", "backoff", "give_up", "next_wait", "retrying"]
+__all__ = [
+    "AttemptFailed",
+    "Hedge",
+    "Retry",
+    "backoff",
+    "give_up",
+    "is_throttle",
+    "next_wait",
+    "retrying",
+]
 
 log = logging.getLogger("asyncload.storage")
 
@@ -140,6 +150,20 @@ class AttemptFailed(Exception):
         return self.kind(self.message, url=url, status=self.status, attempts=attempts)
 
 
+# Answers that mean "too many requests" rather than "broken": S3's 503 SlowDown (and any 503,
+# which stores send when overloaded), 429, and anything that says when to come back.
+_THROTTLE_STATUSES = frozenset({429, 503})
+
+
+def is_throttle(failure: AttemptFailed) -> bool:
+    """Whether *failure* is the store pushing back (``503 SlowDown``, ``429``, ``Retry-After``)."""
+    return (
+        failure.status in _THROTTLE_STATUSES
+        or failure.retry_after is not None
+        or failure.reason == "SlowDown"
+    )
+
+
 def _should_retry(failure: AttemptFailed, policy: Retry) -> bool:
     if not failure.retryable:
         return False
@@ -164,14 +188,16 @@ async def retrying(
     attempt = 1
     if started is None:
         started = time.monotonic()
+    sent = started
     failure = first
     while True:
         if failure is None:
+            sent = time.monotonic()
             try:
                 return await op()
             except AttemptFailed as exc:
                 failure = exc
-        wait = next_wait(failure, policy, attempt, started)
+        wait = next_wait(failure, policy, attempt, started, sent=sent)
         if wait is None:
             raise give_up(failure, url, attempt) from failure.__cause__
         await backoff(failure, url, wait, attempt, policy)
@@ -202,8 +228,22 @@ async def backoff(
     await asyncio.sleep(wait)
 
 
-def next_wait(failure: AttemptFailed, policy: Retry, attempt: int, started: float) -> float | None:
-    """The seconds to wait before the next attempt, or ``None`` when there is none."""
+def next_wait(
+    failure: AttemptFailed,
+    policy: Retry,
+    attempt: int,
+    started: float,
+    *,
+    sent: float | None = None,
+) -> float | None:
+    """The seconds to wait before the next attempt, or ``None`` when there is none.
+
+    Every failed attempt is judged here, so a throttle is noted here too (``note_throttle``,
+    with *sent*, when the attempt went out: the running engine cuts its in-flight limit once
+    per overload, not once per answer to it).
+    """
+    if is_throttle(failure):
+        _recorder.note_throttle(started if sent is None else sent, failure.retry_after)
     if attempt >= policy.attempts or not _should_retry(failure, policy):
         return None
     if failure.retry_after is not None and failure.retry_after > policy.max_retry_after:

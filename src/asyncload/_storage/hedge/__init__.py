@@ -3,7 +3,9 @@
 Object stores have long per-request tails (one request in a hundred takes ten times the
 median). Waiting for a straggler holds a whole batch, so ``read`` and ``open_stream``
 race a *hedge*: when a request has not answered within the delay (a high percentile of the
-recent latencies of its prefix, never below a floor), an identical request is sent, whichever
+recent latencies of its prefix, never below a floor), an identical request is sent (never to
+a prefix that throttled or failed in the last ``latency.HUSH`` seconds, nor during a retry's
+backoff: a hedge would add to the overload), whichever
 finishes first is used, and the other is cancelled. A hedge that straggles too gets one more
 copy a delay later (``_MAX_HEDGES``). Cancelling releases the loser's response,
 and aiohttp closes a connection whose body was not read to the end, so nothing leaks; bytes are
@@ -103,6 +105,7 @@ async def read(
     attempt = 0
     started = time.monotonic()
     while True:
+        sent = time.monotonic()
         try:
             data, _ = await _race(
                 lambda: backend.read(url, start, end, options),
@@ -113,7 +116,9 @@ async def read(
             return data
         except AttemptFailed as failure:
             attempt += failure.requests
-            wait = next_wait(failure, policy, attempt, started)
+            wait = next_wait(failure, policy, attempt, started, sent=sent)
+            if failure.retryable:  # throttling or failing: no hedges while it waits, and after
+                tracker.hush(wait or 0.0)
             if wait is None:
                 raise give_up(failure, url, attempt) from failure.__cause__
             await backoff(failure, url, wait, attempt, policy)
@@ -155,9 +160,12 @@ async def open_stream(
         gens.append(gen)
         return _first(gen)
 
+    tracker = _latency.prefix_of(url, options)
     try:
-        (winner, chunk), _ = await _race(opened, _latency.prefix_of(url, options), hedge, spare)
-    except BaseException:
+        (winner, chunk), _ = await _race(opened, tracker, hedge, spare)
+    except BaseException as exc:
+        if isinstance(exc, AttemptFailed) and exc.retryable:
+            tracker.hush(exc.retry_after or 0.0)  # as read() does
         for gen in gens:
             if not _running(gen):
                 await gen.aclose()

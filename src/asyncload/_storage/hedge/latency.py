@@ -7,6 +7,7 @@ percentile of its last ``_WINDOW`` latencies, never below ``Hedge.min_delay``; t
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -24,6 +25,10 @@ _MIN_SAMPLES = 20
 # Tokens a quiet prefix may save up, so a burst of stragglers after a calm period is bounded.
 _MAX_TOKENS = 10.0
 _MAX_PREFIXES = 1024
+# Seconds after a throttle or a failure during which a prefix gets no hedges (beyond the
+# retry's own backoff): a hedge to a store that is pushing back or failing only adds to it
+# (issue #33's fault campaign: 3-5 requests per key where 3 were expected).
+HUSH = 1.0
 
 
 class _Prefix:
@@ -36,6 +41,7 @@ class _Prefix:
         "latencies",
         "next",
         "options",
+        "quiet_until",
         "since",
         "started",
         "tokens",
@@ -51,6 +57,7 @@ class _Prefix:
         self.tokens = 0.0
         self.started = 0  # requests sent, and requests answered (or failed), ever
         self.finished = 0
+        self.quiet_until = 0.0  # no hedge before this time.monotonic() (``hush``)
 
     def observe(self, seconds: float, policy: Hedge) -> None:
         self.finished += 1
@@ -69,9 +76,16 @@ class _Prefix:
     def earn(self, policy: Hedge) -> None:
         self.tokens = min(_MAX_TOKENS, self.tokens + policy.budget)
 
+    def hush(self, seconds: float) -> None:
+        """The prefix throttled or failed: no hedge for *seconds* (``HUSH`` at least)."""
+        self.quiet_until = max(self.quiet_until, time.monotonic() + max(seconds, HUSH))
+
     def spend(self, reserve: int = 0) -> bool:
-        """Take a token for a hedge, leaving *reserve* tokens in the bucket (see ``_RESERVE``)."""
+        """Take a token for a hedge, leaving *reserve* tokens in the bucket (see ``_RESERVE``);
+        none while the prefix is hushed."""
         if self.tokens < 1.0 + reserve:
+            return False
+        if self.quiet_until and time.monotonic() < self.quiet_until:
             return False
         self.tokens -= 1.0
         return True
