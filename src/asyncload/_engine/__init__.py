@@ -92,7 +92,9 @@ class Engine(MapFetching, IterFetching):
         self._tasks.clear()
         self._iter_requests = asyncio.Queue()
         self._batches = asyncio.Queue()
-        self._sem = asyncio.Semaphore(self.cfg.max_concurrency)
+        # A new pass gets new slots; an adaptive limit starts where this one got to.
+        self._sem = self._sem.renewed()
+        self.recorder.on_throttle = self._sem.throttled
         self.recorder.in_flight = 0
 
 

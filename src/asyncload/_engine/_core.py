@@ -23,6 +23,7 @@ from .._dataset.base import batch_fetcher_for, fetcher_for
 from .._dataset.sample_errors import SkippedSample
 from .._protocol.messages import Failure, IndexTask, IterTask, RemoteError, Result
 from .._stats import recorder as _metrics
+from .slots import Slots, initial_limit
 
 __all__ = ["EngineCore", "WorkerConfig"]
 
@@ -44,7 +45,8 @@ class WorkerConfig:
     drop_last: bool
     collate_fn: Callable[[Any], Any]
     worker_init_fn: Callable[[int], None] | None
-    max_concurrency: int
+    max_concurrency: int | None
+    """Samples in flight at most; ``None``: a limit the engine finds itself (``slots``)."""
     rank: int
     world_size: int
     storage_config: object
@@ -64,6 +66,9 @@ class WorkerConfig:
     plan: Any = None
     """The units this worker reads on its first pass, re-dealt from a checkpoint taken with
     another number of readers (``_checkpoint.elastic_iter``); ``None``: its ordinary share."""
+    learned_limit: Any = None
+    """Where an adaptive limit starts (a ``_control.LimitState`` the main process combined from
+    the last pass's workers); ``None``: from ``slots.initial_limit``."""
 
 
 class EngineCore:
@@ -89,7 +94,11 @@ class EngineCore:
             batch_fetcher_for(cfg.dataset) if not cfg.is_iterable and cfg.auto_collation else None
         )
         self._generation = 0
-        self._sem = asyncio.Semaphore(cfg.max_concurrency)
+        self._sem = Slots(
+            cfg.max_concurrency, initial=initial_limit(cfg.batch_size), learned=cfg.learned_limit
+        )
+        # A storage attempt told "too many" cuts the adaptive limit at once (slots.py).
+        self.recorder.on_throttle = self._sem.throttled
         self._tasks: set[asyncio.Task[Any]] = set()
         self._iter_requests: asyncio.Queue[IterTask] = asyncio.Queue()
         self._iter_task: asyncio.Task[None] | None = None
@@ -119,6 +128,7 @@ class EngineCore:
         now = time.monotonic()
         if force or now - self._last_stats >= _STATS_EVERY:
             self._last_stats = now
+            self.recorder.limit = self._sem.limit
             return self.recorder.snapshot()
         return None
 

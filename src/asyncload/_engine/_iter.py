@@ -14,6 +14,7 @@ from .._dataset.base import aclose_quietly, aiter_for
 from .._dataset.sample_errors import SkippedSample
 from .._protocol.messages import Exhausted
 from ._core import EngineCore
+from .slots import Slots, most_in_flight
 
 __all__ = ["IterFetching"]
 
@@ -31,7 +32,7 @@ class IterFetching(EngineCore):
         A pump runs ahead of the requests by up to ``max_concurrency`` items; items that are
         awaitables are started immediately, so their fetches overlap, and taken in order.
         """
-        ahead: asyncio.Queue[Any] = asyncio.Queue(maxsize=self.cfg.max_concurrency)
+        ahead: asyncio.Queue[Any] = asyncio.Queue(maxsize=most_in_flight(self.cfg.max_concurrency))
         end = object()
         skip, self._skip = self._skip, 0
         plan, self._plan = self._plan, None
@@ -101,12 +102,12 @@ class IterFetching(EngineCore):
                 tag, item = got if self._tagged else (None, got)
                 if inspect.isawaitable(item):
                     try:
-                        await self._sem.acquire()
+                        granted = await self._sem.acquire()
                     except BaseException:
                         _close_unawaited(item)
                         raise
                     self.recorder.in_flight += 1
-                    slot = _Slot(self._sem, item)
+                    slot = _Slot(self._sem, item, granted)
                     item = self._spawn(self._await_one(slot))
                     item.add_done_callback(functools.partial(self._never_ran, slot))
                 else:
@@ -125,6 +126,11 @@ class IterFetching(EngineCore):
             result = await slot.awaitable
         except asyncio.CancelledError as exc:
             raise self._as_failure(exc) from exc
+        except Exception:
+            slot.ok = False
+            raise
+        else:
+            slot.ok = True
         finally:
             # Here, not in a callback: the slot is free before whoever awaits this task runs
             # (the batch it completes sees in_flight == 0 and sends final counts).
@@ -140,7 +146,7 @@ class IterFetching(EngineCore):
             _close_unawaited(slot.awaitable)
 
     def _free(self, slot: _Slot) -> None:
-        slot.sem.release()  # the pass's, taken in _pump (a new pass has a new one)
+        slot.sem.release(slot.granted, slot.ok)  # the pass's, taken in _pump (a new pass: new)
         self.recorder.in_flight -= 1
 
 
@@ -164,10 +170,11 @@ async def _skipping(dataset: Any, skip: int) -> AsyncIterator[Any]:
 class _Slot:
     """One fetch slot taken for an awaitable the dataset yielded."""
 
-    __slots__ = ("awaitable", "ran", "sem")
+    __slots__ = ("awaitable", "granted", "ok", "ran", "sem")
 
-    def __init__(self, sem: asyncio.Semaphore, awaitable: Any) -> None:
-        self.sem, self.awaitable, self.ran = sem, awaitable, False
+    def __init__(self, sem: Slots, awaitable: Any, granted: float) -> None:
+        self.sem, self.awaitable, self.granted, self.ran = sem, awaitable, granted, False
+        self.ok: bool | None = None  # the awaitable's outcome, for an adaptive limit
 
 
 def _close_unawaited(item: Any) -> None:

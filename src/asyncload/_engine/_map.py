@@ -65,9 +65,9 @@ class MapFetching(EngineCore):
             self._deliver(task.send_idx, [])
             return []
         if self._fetch_batch is not None:
-            await self._sem.acquire()
+            granted = await self._sem.acquire()
             self.recorder.in_flight += 1
-            return [self._spawn(self._fetch_many(batch, indices))]
+            return [self._spawn(self._fetch_many(batch, indices, granted))]
         started = []
         line = self._line
         line.extend((batch, pos, index) for pos, index in enumerate(indices))
@@ -75,12 +75,12 @@ class MapFetching(EngineCore):
             # Waiting here is the backpressure: the next batch starts as soon as slots free up,
             # before this one completes. A slot that frees up takes the next sample in line
             # itself (_run_slot), so this wakes only when the line is empty.
-            await self._sem.acquire()
+            granted = await self._sem.acquire()
             item = self._next_in_line()
             if item is None:
                 self._sem.release()
                 break
-            started.append(self._spawn(self._run_slot(item)))
+            started.append(self._spawn(self._run_slot(item, granted)))
         return started
 
     def _next_in_line(self) -> tuple[_Batch, int, Any] | None:
@@ -93,31 +93,47 @@ class MapFetching(EngineCore):
                 return item
         return None
 
-    async def _run_slot(self, first: tuple[_Batch, int, Any]) -> None:
+    async def _run_slot(self, first: tuple[_Batch, int, Any], granted: float) -> None:
         """Fetch *first*, then the samples next in line, in this task, holding one slot.
 
         Handing the slot on here, rather than releasing it to the starter that then starts
         a task, saves the next sample two turns of a busy loop (1-2 ms of its ~55 at 50 ms).
+        An adaptive limit that shrank below the samples in flight takes the slot back instead
+        (``Slots.handoff``).
         """
         item: tuple[_Batch, int, Any] | None = first
-        handed_on = False
+        ok: bool | None = None
+        held = True  # this task holds a slot (granted at `granted`)
         try:
             while item is not None:
-                await self._fetch_one(*item)
+                ok = None
+                ok = await self._fetch_one(*item)
                 item = self._next_in_line()
-                if item is not None and _cancelled_within():
+                if item is None:
+                    break
+                next_granted = self._sem.handoff(granted, ok)
+                ok = None
+                if next_granted is None:  # the limit shrank: wait in line, holding the item
+                    held = False
+                    next_granted = await self._sem.acquire()
+                    held = True
+                granted = next_granted
+                if _cancelled_within():
                     # A sample left a cancellation caught and not withdrawn on this task: the
                     # next one gets a task of its own, as _as_failure reads that count.
-                    handed_on = True
-                    self._spawn(self._run_slot(item))
+                    held = False
+                    self._spawn(self._run_slot(item, granted))
                     return
-        finally:
-            if not handed_on:
-                self._sem.release()
+        except BaseException:
+            if held:
+                self._sem.release(granted, None)
+            raise
+        self._sem.release(granted, ok)
 
-    async def _fetch_many(self, batch: _Batch, indices: list[Any]) -> None:
+    async def _fetch_many(self, batch: _Batch, indices: list[Any], granted: float) -> None:
         assert self._fetch_batch is not None
         t0 = time.perf_counter()
+        ok: bool | None = None
         try:
             samples = await self._fetch_batch(indices)
             if len(samples) != len(indices):
@@ -132,16 +148,20 @@ class MapFetching(EngineCore):
                 )
             else:
                 self._fail(batch.task.send_idx, error, indices)
+            ok = False
             return
+        else:
+            ok = True
         finally:
-            self._sem.release()
+            self._sem.release(granted, ok)
             self.recorder.in_flight -= 1
         per_sample = (time.perf_counter() - t0) / len(indices)
         for _ in indices:
             self.recorder.note_sample(per_sample)
         self._deliver(batch.task.send_idx, list(samples))
 
-    async def _fetch_one(self, batch: _Batch, pos: int, index: Any) -> None:
+    async def _fetch_one(self, batch: _Batch, pos: int, index: Any) -> bool:
+        """Fetch one sample into its batch; whether it was fetched (not failed)."""
         assert self._fetch is not None
         t0 = time.perf_counter()
         try:
@@ -155,15 +175,16 @@ class MapFetching(EngineCore):
             elif not batch.failed:
                 batch.failed = True
                 self._fail(batch.task.send_idx, error, index)
-                return
+                return False
             else:
-                return
+                return False
         finally:
             self.recorder.in_flight -= 1
-        if sample is not _LEFT_OUT:
+        fetched = sample is not _LEFT_OUT
+        if fetched:
             self.recorder.note_sample(time.perf_counter() - t0)
         if batch.failed:
-            return
+            return fetched
         batch.samples[pos] = sample
         batch.remaining -= 1
         if batch.remaining == 0:
@@ -174,6 +195,7 @@ class MapFetching(EngineCore):
                 self._deliver(
                     batch.task.send_idx, batch.samples if self.cfg.auto_collation else sample
                 )
+        return fetched
 
 
 def _cancelled_within() -> bool:

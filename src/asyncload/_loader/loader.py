@@ -28,6 +28,7 @@ from .._checkpoint import elastic_map as _elastic
 from .._checkpoint.resume import ResumePoint
 from .._dataset import sample_errors as _budget
 from .._dataset import sharding as _sharding
+from .._engine.slots import most_in_flight
 from .._stats import loader_stats as _stats
 from .._workers import StandbySlot
 from .._workers.pin_memory import accelerator_device
@@ -46,7 +47,7 @@ _HAS_IN_ORDER = "in_order" in inspect.signature(torch.utils.data.DataLoader.__in
 
 
 class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
-    """torch's DataLoader, fetching up to ``max_concurrency`` samples at once in every worker.
+    """torch's DataLoader, fetching many samples at once in every worker, across batches.
 
     Every argument shared with ``torch.utils.data.DataLoader`` has torch's meaning. Each
     worker process runs one event loop (uvloop where installed) for its whole life; an
@@ -54,19 +55,22 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
     With ``num_workers=0`` the same loop runs in a background thread of this process.
 
     Args:
-        max_concurrency: Samples in flight per worker (keyword-only, default 128). At 50 ms
-            per request one worker then reads about 2,500 samples/s; 64 caps it near 1,300/s,
-            while 256 gains little more on a 2-core machine and costs twice the connections,
-            sockets and request bursts (S3 throttles above ~5,500 GETs/s per prefix) and more
-            memory for samples in flight. Raise it for higher latency, lower it for large
-            objects or a rate-limited store.
+        max_concurrency: Samples in flight per worker (keyword-only). ``None`` or ``"auto"``
+            (default):
+            each worker finds its own limit while it reads, up to 512: it grows while samples
+            come back as fast, shrinks when their latency rises without more coming back (the
+            store queues them, or the worker's CPU is the bottleneck), and is cut at once when
+            the store says "too many" (``503 SlowDown``, ``429``, ``Retry-After``), whose
+            requests are then retried within the cut limit. ``stats().concurrency`` shows where
+            it is, ``stats().throttled`` how often the store pushed back. An int is a fixed
+            limit, as before: at 50 ms per request 128 reads about 2,500 samples/s per worker.
         prefetch_bytes: How far the workers may run ahead of the training loop, in bytes held by
             batches fetched but not yet yielded (keyword-only, default 1 GiB per pass; 0 keeps
             a fixed window). While the next batch waits on one slow request, the workers keep
             fetching later batches up to this bound, so request slots never idle behind a
             straggler; ``in_order=True`` still yields in sampler order. At least
             ``prefetch_factor`` batches per worker are always out; its default follows from
-            ``max_concurrency``: ``ceil(max_concurrency / batch_size) + 1``.
+            ``max_concurrency``: ``ceil(max_concurrency / batch_size) + 1`` (512 for ``None``).
         auto_shard: Under ``torchrun`` (``WORLD_SIZE > 1``), give a map-style dataset without
             its own sampler a ``DistributedSampler``, so each rank reads its share (keyword-only,
             default ``True``; torch's DataLoader never does this). The partition is logged once;
@@ -95,7 +99,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
         ...     async def __getitem__(self, i):
         ...         return await asyncload.read(self.urls[i])
         >>> loader = asyncload.DataLoader(Blobs(urls), batch_size=32, num_workers=2,
-        ...                               collate_fn=list, max_concurrency=128)  # doctest: +SKIP
+        ...                               collate_fn=list)  # doctest: +SKIP
         >>> for batch in loader:  # or: async for batch in loader  # doctest: +SKIP
         ...     train_step(batch)
     """
@@ -120,15 +124,24 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
         persistent_workers: bool = False,
         pin_memory_device: str = "",
         in_order: bool = True,
-        max_concurrency: int = 128,
+        max_concurrency: int | Literal["auto"] | None = None,
         prefetch_bytes: int = DEFAULT_PREFETCH_BYTES,
         auto_shard: bool = True,
         sample_errors: Literal["raise", "skip", "warn"] = "raise",
         max_sample_errors: int | float | None = None,
     ) -> None:
         self._sample_errors = _budget.policy(sample_errors, max_sample_errors)
-        if not isinstance(max_concurrency, int) or max_concurrency < 1:
-            raise ValueError(f"max_concurrency must be a positive integer, got {max_concurrency!r}")
+        if max_concurrency == "auto":
+            max_concurrency = None
+        if max_concurrency is not None and (
+            not isinstance(max_concurrency, int)
+            or isinstance(max_concurrency, bool)
+            or max_concurrency < 1
+        ):
+            raise ValueError(
+                "max_concurrency must be a positive integer, or None (or 'auto') for a limit "
+                f"each worker finds itself, got {max_concurrency!r}"
+            )
         if not isinstance(prefetch_bytes, int) or prefetch_bytes < 0:
             raise ValueError(
                 f"prefetch_bytes must be a non-negative integer (bytes), got {prefetch_bytes!r}"
@@ -197,7 +210,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
         self._outstanding_per_worker = (
             prefetch_factor
             if prefetch_factor is not None
-            else math.ceil(max_concurrency / per_batch) + 1
+            else math.ceil(most_in_flight(max_concurrency) / per_batch) + 1
         )
         self._tally: _stats.Tally | None = None
         self._persistent_pass: Pass | None = None
@@ -217,7 +230,9 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
             early = early_context(self.multiprocessing_context)
             if early is not None:
                 start_early(early, fork=self.multiprocessing_context is None)
-                self._standby.prepare(early, self.num_workers, max_concurrency=self.max_concurrency)
+                self._standby.prepare(
+                    early, self.num_workers, max_concurrency=most_in_flight(self.max_concurrency)
+                )
 
     def _spec(self) -> PassSpec:
         if self.pin_memory and self.pin_memory_device:

@@ -28,7 +28,7 @@ class PassSpec:
     collate_fn: Callable[[Any], Any]
     worker_init_fn: Callable[[int], None] | None
     num_workers: int
-    max_concurrency: int
+    max_concurrency: int | None
     outstanding_per_worker: int
     in_order: bool
     timeout: float

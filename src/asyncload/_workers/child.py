@@ -31,6 +31,7 @@ from .._dataset import sharding as _sharding
 from .._engine import Engine, WorkerConfig
 from .._engine import sample_watch as _sample_watch
 from .._engine import watchdog as _watchdog
+from .._engine.slots import most_in_flight
 from .._protocol import shipping as _shipping
 from .._protocol.messages import POLL_INTERVAL, Failure, RemoteError, Result, Shutdown, Standing
 from .._stats import recorder as _metrics
@@ -144,7 +145,8 @@ def worker_main(sent: Any, index_queue: Any, result_queue: Any, done_event: Any)
     # asyncload-guard hook: exits even if the loop is stuck
     _parent_watch.watch_parent(cfg.main_pid)
     torch.set_num_threads(1)
-    _tuning.tune_worker(cfg.max_concurrency)  # before worker_init_fn: the user's settings win
+    # Before worker_init_fn: the user's settings win.
+    _tuning.tune_worker(most_in_flight(cfg.max_concurrency))
     where = f"in DataLoader worker {cfg.worker_id} (pid {os.getpid()})"
     _reseed(cfg.base_seed + cfg.worker_id, cfg.worker_id)
     _install_worker_info(cfg)
@@ -167,7 +169,9 @@ def worker_main(sent: Any, index_queue: Any, result_queue: Any, done_event: Any)
         _shm.install_pool(cfg.shm_token, max_blocks=cfg.shm_blocks, min_bytes=INLINE_MAX)
     try:
         _storage.import_config(
-            cfg.storage_config, pool_size=cfg.max_concurrency, sharers=cfg.num_workers
+            cfg.storage_config,
+            pool_size=most_in_flight(cfg.max_concurrency),
+            sharers=cfg.num_workers,
         )
         if cfg.worker_init_fn is not None:
             cfg.worker_init_fn(cfg.worker_id)
@@ -246,7 +250,8 @@ def run_engine(
     its thread pool released however the engine ends.
     """
     loop = new_event_loop()
-    pool = _ContextPool(max_workers=min(32, cfg.max_concurrency), thread_name_prefix=thread_prefix)
+    threads = min(32, most_in_flight(cfg.max_concurrency))
+    pool = _ContextPool(max_workers=threads, thread_name_prefix=thread_prefix)
     loop.set_default_executor(pool)
     asyncio.set_event_loop(loop)
     monitor = _watchdog.start_monitor(loop, put, cfg.worker_id)  # asyncload-guard hook

@@ -18,6 +18,7 @@ from multiprocessing.reduction import ForkingPickler
 from typing import TYPE_CHECKING, Any
 
 from .._engine import WorkerConfig
+from .._engine.slots import most_in_flight
 from .._exceptions import WorkerError
 from .._protocol.messages import POLL_INTERVAL, Failure, Result
 from .._protocol.shipping import Shipped
@@ -84,7 +85,7 @@ class ProcessWorkers:
     ) -> None:
         # Every field close() touches is set before anything can fail.
         self.count = len(configs)
-        self._max_concurrency = configs[0].max_concurrency if configs else 0
+        self._max_concurrency = most_in_flight(configs[0].max_concurrency) if configs else 0
         self.live_stats: Callable[[], RecorderSnapshot] | None = None  # they ride on replies
         self._closed = False
         self._answered = self._next_wanted = False  # prepare_next()

@@ -7,6 +7,7 @@ import threading
 from collections.abc import Callable
 
 from .._engine import WorkerConfig
+from .._engine.slots import most_in_flight
 from .._exceptions import WorkerError
 from .._protocol.messages import Shutdown
 from .._stats import recorder as _metrics
@@ -36,7 +37,7 @@ class ThreadWorkers:
         self._pin_device = pin_device
         self._closed = False
         # The loop thread's HTTP pool must admit max_concurrency requests, as a worker's does.
-        _storage.set_pool_size(max(_storage.pool_size(), cfg.max_concurrency))
+        _storage.set_pool_size(max(_storage.pool_size(), most_in_flight(cfg.max_concurrency)))
         self._worker = ThreadWorker(cfg, recorder)
 
     @property

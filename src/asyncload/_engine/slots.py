@@ -1,0 +1,160 @@
+"""How many samples one engine fetches at once: a fixed count, or a limit it finds itself.
+
+``max_concurrency=N`` is a plain semaphore of N slots. ``max_concurrency=None`` (the default)
+sizes the slots with ``_storage.concurrency``'s ``LimitController``, from what the samples'
+answers say (issue #33):
+
+* each sample is one "request" to the controller: its latency from the slot's grant to its
+  result. Latency that rises without goodput means the samples queue somewhere, at the store
+  or on this worker's own loop (decoding, collating), and the limit shrinks; flat latency
+  lets it grow. So one law covers a slow store (grow to hide the round trip), a CPU-bound
+  pipeline (shrink: more in flight only holds memory and delays the head batch), and a store
+  whose latency grows with load (stop at the knee);
+* a throttle (``503 SlowDown``, ``429``, ``Retry-After``) met by any storage attempt of a
+  sample is told at once (``_stats.note_throttle``): the limit is cut multiplicatively, once per
+  overload, and recovers along CUBIC's curve; the request is retried by the storage layer
+  within the cut limit, as its sample keeps its slot;
+* a sample that fails is neither goodput nor a latency sample.
+
+The limit starts at ``initial`` (a batch's worth, at least 8) or where the last pass's workers
+got to (``learned``), and never exceeds ``AUTO_CEILING``. Which samples are fetched, and in
+which batches, does not depend on it: only when.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from .._control import (
+    AdaptiveLimiter,
+    ControlConfig,
+    LimitController,
+    LimitState,
+    Outcome,
+)
+
+__all__ = ["AUTO_CEILING", "Slots", "initial_limit", "most_in_flight"]
+
+AUTO_CEILING = 512
+"""The most samples one worker may have in flight with ``max_concurrency=None``: what its
+connection pool, thread pool and look-ahead window are sized for."""
+
+
+def most_in_flight(max_concurrency: int | None) -> int:
+    """The most samples a worker may have in flight: what its pools are sized for."""
+    return AUTO_CEILING if max_concurrency is None else max_concurrency
+
+
+def initial_limit(batch_size: int | None) -> int:
+    """Where an adaptive limit starts: a batch's worth (the head batch in one round trip), at
+    least the controller's own start, at most a quarter of the ceiling."""
+    return max(ControlConfig().initial, min(batch_size or 1, AUTO_CEILING // 4))
+
+
+class Slots:
+    """The engine's fetch slots. ``acquire`` before a sample, ``release`` after it;
+    ``handoff`` lets a slot's holder take the next sample itself, if the limit still allows.
+
+    Args:
+        cap: ``max_concurrency``: a fixed number of slots; ``None``: an adaptive limit.
+        initial: Where an adaptive limit starts.
+        learned: What an earlier pass's workers learned (an adaptive limit starts there).
+
+    Examples:
+        >>> import asyncio
+        >>> async def main() -> tuple[int, int]:
+        ...     fixed, auto = Slots(2), Slots(None, initial=16)
+        ...     await fixed.acquire()
+        ...     return fixed.limit, auto.limit
+        >>> asyncio.run(main())
+        (2, 16)
+    """
+
+    __slots__ = ("_fixed", "_limiter", "cap")
+
+    def __init__(
+        self, cap: int | None, *, initial: int = 8, learned: LimitState | None = None
+    ) -> None:
+        self.cap = cap
+        self._fixed: asyncio.Semaphore | None = None
+        self._limiter: AdaptiveLimiter | None = None
+        if cap is not None:
+            self._fixed = asyncio.Semaphore(cap)
+        else:
+            config = ControlConfig(initial=min(max(initial, 1), AUTO_CEILING))
+            controller = LimitController(
+                config, cap=AUTO_CEILING, learned=learned, now=time.monotonic()
+            )
+            # time.monotonic, not the loop's clock: storage notes a throttle's send time with it.
+            self._limiter = AdaptiveLimiter(controller, clock=time.monotonic)
+
+    def renewed(self) -> Slots:
+        """Slots for a new pass: all free; an adaptive limit starts where this one got to."""
+        if self._limiter is None:
+            return Slots(self.cap)
+        return Slots(None, learned=self._limiter.controller.export())
+
+    @property
+    def adaptive(self) -> bool:
+        return self._limiter is not None
+
+    @property
+    def limit(self) -> int:
+        """Samples that may be in flight now."""
+        if self._limiter is not None:
+            return self._limiter.controller.limit
+        assert self.cap is not None
+        return self.cap
+
+    @property
+    def controller(self) -> LimitController | None:
+        """The adaptive limit's controller (its figures, its state to pass on), if adaptive."""
+        return self._limiter.controller if self._limiter is not None else None
+
+    async def acquire(self) -> float:
+        """Wait for a slot; when it was granted (``time.monotonic``)."""
+        if self._fixed is not None:
+            await self._fixed.acquire()
+        else:
+            assert self._limiter is not None
+            await self._limiter.acquire()
+        return time.monotonic()
+
+    def release(self, granted: float | None = None, ok: bool | None = None) -> None:
+        """Give a slot back. *granted* and *ok* tell an adaptive limit the sample's latency
+        and outcome (``ok=None``: it was not fetched, or its outcome says nothing)."""
+        if self._fixed is not None:
+            self._fixed.release()
+            return
+        assert self._limiter is not None
+        latency, outcome = self._outcome(granted, ok)
+        self._limiter.release(outcome, latency)
+
+    def handoff(self, granted: float, ok: bool | None) -> float | None:
+        """The holder of a slot finished a sample (granted at *granted*): may it take the next
+        one in line without giving the slot back? The new grant time if so; ``None`` if the
+        limit shrank below what is in flight (the slot is then given back)."""
+        if self._fixed is not None:
+            return time.monotonic()
+        assert self._limiter is not None
+        latency, outcome = self._outcome(granted, ok)
+        c = self._limiter.controller
+        now = time.monotonic()
+        c.finished(now, outcome, latency)
+        if c.in_flight < c.limit and not self._limiter.waiting:
+            c.started(now)
+            return now
+        self._limiter.wake()
+        return None
+
+    def throttled(self, sent: float, retry_after: float | None) -> None:
+        """A storage attempt sent at *sent* was told "too many" (``Recorder.on_throttle``)."""
+        if self._limiter is not None:
+            self._limiter.throttled(sent, retry_after)
+
+    @staticmethod
+    def _outcome(granted: float | None, ok: bool | None) -> tuple[float, Outcome]:
+        if granted is None or ok is None:
+            return 0.0, Outcome.FAILED  # says nothing about queueing (see Outcome.FAILED)
+        return time.monotonic() - granted, Outcome.OK if ok else Outcome.FAILED

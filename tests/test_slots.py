@@ -1,0 +1,198 @@
+"""The engine's fetch slots (``_engine/slots.py``): a fixed count, or a limit found while reading.
+
+No network: in-memory datasets whose samples wait (a store's latency) or spin (a worker's CPU),
+run by an engine on its own, as in test_engine.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+
+import asyncload
+from asyncload._engine import Engine, WorkerConfig
+from asyncload._engine.slots import AUTO_CEILING, Slots, initial_limit, most_in_flight
+from asyncload._protocol.messages import IndexTask, PassStarted, Result, Shutdown
+from asyncload._stats import recorder as _metrics
+
+
+class Store(asyncload.Dataset[int]):
+    """Index *i* returns *i* after *latency* seconds of waiting and *cpu* seconds of spinning
+    (the loop is blocked meanwhile, as by a decode); counts the fetches in flight."""
+
+    def __init__(self, n: int, *, latency: float = 0.0, cpu: float = 0.0) -> None:
+        self.n, self.latency, self.cpu = n, latency, cpu
+        self.in_flight = self.peak = 0
+        self.throttle: set[int] = set()  # indices whose first attempt the store refuses
+        self.starts: list[tuple[float, int]] = []  # (when, in flight then) of every fetch
+        self.throttled_at: float | None = None
+
+    def __len__(self) -> int:
+        return self.n
+
+    async def __getitem__(self, index: int) -> int:
+        self.in_flight += 1
+        self.peak = max(self.peak, self.in_flight)
+        try:
+            sent = time.monotonic()
+            self.starts.append((sent, self.in_flight))
+            await asyncio.sleep(self.latency)
+            if index in self.throttle:
+                # What the storage layer's retry path does on a 503 SlowDown, then retries.
+                self.throttled_at = self.throttled_at or time.monotonic()
+                _metrics.note_throttle(sent, None)
+                await asyncio.sleep(self.latency)
+            end = time.perf_counter() + self.cpu
+            while time.perf_counter() < end:
+                pass
+            return index
+        finally:
+            self.in_flight -= 1
+
+
+def _config(dataset: Any, max_concurrency: int | None, batch_size: int = 8) -> WorkerConfig:
+    return WorkerConfig(
+        worker_id=0,
+        num_workers=1,
+        base_seed=0,
+        dataset=dataset,
+        is_iterable=False,
+        auto_collation=True,
+        batch_size=batch_size,
+        drop_last=False,
+        collate_fn=list,
+        worker_init_fn=None,
+        max_concurrency=max_concurrency,
+        rank=0,
+        world_size=1,
+        storage_config=None,
+        main_pid=0,
+    )
+
+
+async def _read(cfg: WorkerConfig, batches: int, *, window: int) -> list[Result]:
+    """Read *batches* batches of the dataset, keeping *window* of them out (as the main
+    process does); the results in the order they came."""
+    out: list[Any] = []
+    engine = Engine(cfg, out.append, "in a test engine")
+    inbox: asyncio.Queue[object] = asyncio.Queue()
+    runner = asyncio.ensure_future(engine.run(inbox))
+    size = cfg.batch_size or 1
+    sent = 0
+    deadline = time.monotonic() + 60  # bounded: every test here ends well before
+    while sum(isinstance(r, Result) for r in out) < batches:
+        assert time.monotonic() < deadline, "the engine stopped answering"
+        done = sum(not isinstance(r, PassStarted) for r in out)
+        while sent < batches and sent - done < window:
+            inbox.put_nowait(IndexTask(sent, 0, np.arange(sent * size, (sent + 1) * size)))
+            sent += 1
+        await asyncio.sleep(0.002)
+    inbox.put_nowait(Shutdown())
+    await asyncio.wait_for(runner, 5)
+    return [r for r in out if isinstance(r, Result)]
+
+
+def _last_limit(results: list[Result]) -> int:
+    stats = [r.stats for r in results if r.stats is not None]
+    return stats[-1].limit
+
+
+@pytest.mark.timeout(60)
+def test_an_explicit_max_concurrency_is_never_exceeded_and_reported() -> None:
+    ds = Store(800, latency=0.005)
+    results = asyncio.run(_read(_config(ds, 6), 100, window=40))
+    assert sorted(x for r in results for x in r.data) == list(range(800))
+    assert ds.peak == 6
+    assert _last_limit(results) == 6
+
+
+@pytest.mark.timeout(60)
+def test_the_default_grows_to_hide_a_stores_latency() -> None:
+    # 20 ms of waiting and nothing else: more in flight is more throughput, so the limit
+    # leaves its start (a batch, 8) far behind, and every sample still comes exactly once.
+    ds = Store(6000, latency=0.02)
+    results = asyncio.run(_read(_config(ds, None), 750, window=200))
+    assert sorted(x for r in results for x in r.data) == list(range(6000))
+    assert ds.peak >= 64
+    assert ds.peak <= AUTO_CEILING
+    assert _last_limit(results) >= 64
+
+
+@pytest.mark.timeout(60)
+def test_the_default_stays_small_when_the_cpu_is_the_bottleneck() -> None:
+    # 2 ms of CPU per sample and no waiting: samples in flight only queue for the loop (their
+    # latency grows with their number, their rate does not), so the limit does not grow.
+    ds = Store(1200, cpu=0.002)
+    results = asyncio.run(_read(_config(ds, None), 150, window=100))
+    assert sorted(x for r in results for x in r.data) == list(range(1200))
+    assert _last_limit(results) <= 16
+
+
+@pytest.mark.timeout(60)
+def test_a_throttle_cuts_the_limit_at_once_and_nothing_is_lost() -> None:
+    ds = Store(4000, latency=0.02)
+    ds.throttle = set(range(2000, 2010))  # a burst of 503s midway
+    results = asyncio.run(_read(_config(ds, None), 500, window=200))
+    assert sorted(x for r in results for x in r.data) == list(range(4000))
+    counts = [dict(r.stats.counts).get("throttled", 0) for r in results if r.stats is not None]
+    assert counts[-1] == 10  # every throttle counted once (they reach loader.stats())
+    # Samples in flight in the round trip before the burst, and in the one after the samples
+    # then in flight were answered: cut to 0.8 at once (CUBIC's way back to the old limit
+    # takes 0.75 s), once for the whole burst (ten cuts would leave 0.8**10 = 0.11 of it).
+    cut = ds.throttled_at
+    assert cut is not None
+    before = max(n for t, n in ds.starts if cut - 0.02 <= t <= cut)
+    after = max(n for t, n in ds.starts if cut + 0.03 <= t <= cut + 0.07)
+    assert after <= 0.9 * before
+    assert after >= 0.3 * before
+
+
+@pytest.mark.timeout(10)
+def test_a_slot_is_handed_on_only_while_the_limit_allows() -> None:
+    async def main() -> None:
+        slots = Slots(None, initial=4)
+        grants = [await slots.acquire() for _ in range(4)]
+        assert slots.limit == 4
+        # A finished sample's holder may take the next one: still 4 in flight.
+        assert slots.handoff(grants[0], True) is not None
+        slots.throttled(grants[1], None)  # cut to 3 (0.8 x 4): one slot too many
+        assert slots.limit == 3
+        assert slots.handoff(grants[1], True) is None  # given back, not handed on
+        waiter = asyncio.ensure_future(slots.acquire())
+        await asyncio.sleep(0)
+        assert not waiter.done()  # 3 in flight, limit 3
+        slots.release(grants[2], True)
+        assert await asyncio.wait_for(waiter, 1) > 0
+
+    asyncio.run(main())
+
+
+@pytest.mark.timeout(10)
+def test_sizes_follow_the_setting() -> None:
+    assert most_in_flight(None) == AUTO_CEILING
+    assert most_in_flight(32) == 32
+    assert initial_limit(None) == 8
+    assert initial_limit(64) == 64
+    assert initial_limit(10_000) == AUTO_CEILING // 4
+
+    async def main() -> tuple[int, int]:
+        fixed = Slots(3)
+        renewed = fixed.renewed()
+        return fixed.limit, renewed.limit
+
+    assert asyncio.run(main()) == (3, 3)
+
+
+@pytest.mark.timeout(10)
+def test_the_loader_takes_none_or_a_positive_int() -> None:
+    ds = Store(4)
+    assert asyncload.DataLoader(ds).max_concurrency is None
+    assert asyncload.DataLoader(ds, max_concurrency="auto").max_concurrency is None
+    assert asyncload.DataLoader(ds, max_concurrency=16).max_concurrency == 16
+    for bad in (0, -1, 2.5, True, "fast"):
+        with pytest.raises(ValueError, match="max_concurrency must be a positive integer"):
+            asyncload.DataLoader(ds, max_concurrency=bad)  # type: ignore[arg-type]
