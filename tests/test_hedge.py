@@ -158,6 +158,35 @@ async def test_hedges_and_retries_share_the_attempts(http_server: ObjectServer) 
     assert http_server.hits["bad.bin"] == 2  # the hedge was the second attempt: no retry
 
 
+@pytest.mark.parametrize("fault", ["503", "429", "500"])
+async def test_no_hedge_goes_to_a_prefix_that_just_throttled_or_failed(
+    http_server: ObjectServer, fault: str
+) -> None:
+    # Issue #33: hedges on top of retries to a store that was failing made 3-5 requests per
+    # key. After a 503 SlowDown (or a 429, or a 500) a prefix gets no hedges for a while: a
+    # straggler then waits for its own answer, adding nothing to the overload.
+    _storage.configure(http_server.url, hedge=asyncload.Hedge(budget=0.5, min_delay=0.02))
+    await warm_up(http_server)
+    refused = http_server.put("refused.bin", b"r")
+    http_server.fail("refused.bin", fault)  # answered at once, then retried and served
+    assert await asyncload.read(refused) == b"r"
+    assert http_server.hits["refused.bin"] == 2
+    slow = http_server.put("slow.bin", b"s")
+    http_server.delay("slow.bin", 0.4)
+    assert await asyncload.read(slow) == b"s"
+    assert http_server.hits["slow.bin"] == 1  # not hedged
+    assert _hedge.counts().sent == 0
+    # Once the prefix has been quiet for latency.HUSH, stragglers are hedged again.
+    await asyncio.sleep(_hedge._latency.HUSH + 0.1)
+    later = http_server.put("later.bin", b"l")
+    http_server.delay("later.bin", 0.4)
+    assert await asyncload.read(later) == b"l"
+    assert http_server.hits["later.bin"] == 2
+    assert _hedge.counts().sent == 1
+    await settle(http_server)
+    await asyncload.aclose()
+
+
 async def test_one_attempt_means_no_hedge(http_server: ObjectServer) -> None:
     _storage.configure(http_server.url, hedge=FAST, retry=asyncload.Retry(attempts=1))
     await warm_up(http_server)
