@@ -7,6 +7,7 @@ run by an engine on its own, as in test_engine.py.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from typing import Any
 
@@ -14,6 +15,7 @@ import numpy as np
 import pytest
 
 import asyncload
+from asyncload._control import LimitState
 from asyncload._engine import Engine, WorkerConfig
 from asyncload._engine.slots import AUTO_CEILING, Slots, initial_limit, most_in_flight
 from asyncload._protocol.messages import IndexTask, PassStarted, Result, Shutdown
@@ -196,3 +198,28 @@ def test_the_loader_takes_none_or_a_positive_int() -> None:
     for bad in (0, -1, 2.5, True, "fast"):
         with pytest.raises(ValueError, match="max_concurrency must be a positive integer"):
             asyncload.DataLoader(ds, max_concurrency=bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.timeout(60)
+def test_an_engine_starts_where_it_was_told_the_last_pass_got_to() -> None:
+    ds = Store(400, latency=0.01)
+    cfg = dataclasses.replace(_config(ds, None), learned_limit=LimitState(limit=100.0))
+    results = asyncio.run(_read(cfg, 50, window=50))
+    first = next(r.stats for r in results if r.stats is not None)
+    assert first.limit == 100  # no slow start from 8
+    assert isinstance(first.learned, LimitState)
+
+
+@pytest.mark.timeout(120)
+def test_the_next_pass_starts_where_the_last_ones_workers_got_to() -> None:
+    loader = asyncload.DataLoader(
+        Store(4000, latency=0.02), batch_size=8, num_workers=2, collate_fn=list
+    )
+    assert sum(len(b) for b in loader) == 4000
+    got_to = loader.stats().concurrency
+    assert min(got_to) > 32  # grew from a batch's worth (8)
+    it = iter(loader)
+    next(it)
+    started_at = loader.stats().concurrency
+    assert min(started_at) > 16, (got_to, started_at)
+    del it

@@ -129,6 +129,8 @@ class EngineCore:
         if force or now - self._last_stats >= _STATS_EVERY:
             self._last_stats = now
             self.recorder.limit = self._sem.limit
+            if self._sem.controller is not None:  # for the next pass's workers (slots.py)
+                self.recorder.learned = self._sem.controller.export()
             return self.recorder.snapshot()
         return None
 

@@ -34,7 +34,7 @@ from .._control import (
     Outcome,
 )
 
-__all__ = ["AUTO_CEILING", "Slots", "initial_limit", "most_in_flight"]
+__all__ = ["AUTO_CEILING", "Slots", "initial_limit", "learned_from", "most_in_flight"]
 
 AUTO_CEILING = 512
 """The most samples one worker may have in flight with ``max_concurrency=None``: what its
@@ -44,6 +44,17 @@ connection pool, thread pool and look-ahead window are sized for."""
 def most_in_flight(max_concurrency: int | None) -> int:
     """The most samples a worker may have in flight: what its pools are sized for."""
     return AUTO_CEILING if max_concurrency is None else max_concurrency
+
+
+def learned_from(states: list[object], workers: int) -> LimitState | None:
+    """What a pass's workers learned (their ``RecorderSnapshot.learned``), for *workers* new
+    ones: the mean limit rescaled to their number (what the store allows is for all of them
+    together), the least unloaded latency, the last throttle. ``None`` if nothing was learned.
+    """
+    learned = [s for s in states if isinstance(s, LimitState)]
+    if not learned:
+        return None
+    return LimitState.combine(learned).for_workers(max(1, workers))
 
 
 def initial_limit(batch_size: int | None) -> int:

@@ -28,7 +28,7 @@ from .._checkpoint import elastic_map as _elastic
 from .._checkpoint.resume import ResumePoint
 from .._dataset import sample_errors as _budget
 from .._dataset import sharding as _sharding
-from .._engine.slots import most_in_flight
+from .._engine.slots import learned_from, most_in_flight
 from .._stats import loader_stats as _stats
 from .._workers import StandbySlot
 from .._workers.pin_memory import accelerator_device
@@ -265,7 +265,16 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
             prefetch_bytes=self.prefetch_bytes,
             sample_errors=self._sample_errors,
             standby=self._standby,
+            learned_limit=self._learned_limit(),
         )
+
+    def _learned_limit(self) -> Any:
+        """Where the next pass's adaptive limits start: where the last pass's workers got to
+        (no slow start again, and a store's throttle remembered), or ``None``."""
+        if self.max_concurrency is not None or self._tally is None:
+            return None
+        snaps = self._tally.snapshots()
+        return learned_from([s.learned for s in snaps], max(1, self.num_workers))
 
     def _get_iterator(self) -> Pass:  # type: ignore[override]
         resume, self._resume = self._resume, None  # used up by the pass it starts

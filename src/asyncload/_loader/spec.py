@@ -41,6 +41,9 @@ class PassSpec:
     (``_loader.lookahead``)."""
 
     sample_errors: SampleErrorPolicy = _RAISE
+    learned_limit: Any = None
+    """Where each worker's adaptive limit starts: what the last pass's workers learned
+    (``_engine.slots.learned_from``); ``None``: from the start."""
     reader_plans: tuple[Any, ...] | None = None
     """Per worker, the units a re-dealt iterable pass reads (``_checkpoint.elastic_iter``)."""
     standby: Any = None

@@ -47,6 +47,7 @@ def start_workers(
             shared_seed=shared_seed,
             skip_sample_errors=spec.sample_errors.skips,
             plan=spec.reader_plans[i] if spec.reader_plans is not None else None,
+            learned_limit=spec.learned_limit,
         )
         for i, skip in enumerate(skips)
     ]

@@ -216,11 +216,14 @@ class Tally:
         self.workers: list[RecorderSnapshot | None] = [None] * num_workers
         self.skipped: collections.Counter[str] = collections.Counter()
 
-    def stats(self) -> LoaderStats:
+    def snapshots(self) -> list[RecorderSnapshot]:
+        """Each worker's newest counters (the engine's own, read now, in a thread pass)."""
         if self.live is not None:
-            snaps = [self.live()]
-        else:
-            snaps = [s for s in self.workers if s is not None]
+            return [self.live()]
+        return [s for s in self.workers if s is not None]
+
+    def stats(self) -> LoaderStats:
+        snaps = self.snapshots()
         return merge(
             snaps,
             started=self.started,

@@ -61,6 +61,8 @@ class RecorderSnapshot:
     counts: tuple[tuple[str, int], ...] = ()
     limit: int = 0
     """Samples the engine may have in flight now (its adaptive limit, or the fixed one)."""
+    learned: object = None
+    """What an adaptive limit learned (a ``_control.LimitState``), for the next pass's workers."""
 
 
 @dataclass
@@ -75,6 +77,7 @@ class Recorder:
     errors: collections.Counter[str] = field(default_factory=collections.Counter)
     counts: collections.Counter[str] = field(default_factory=collections.Counter)
     limit: int = 0
+    learned: object = None
     # The engine's in-flight limit, told of a throttle: (when the throttled attempt was sent,
     # the server's Retry-After). None outside an engine, or with a fixed limit.
     on_throttle: Callable[[float, float | None], None] | None = None
@@ -93,10 +96,12 @@ class Recorder:
             errors=tuple(sorted(self.errors.items())),
             counts=tuple(sorted(self.counts.items())),
             limit=self.limit,
+            learned=self.learned,
         )
 
     def reset(self) -> None:
         self.samples = self.bytes = self.in_flight = 0
+        self.learned = None
         self.latency_hist = [0] * _NUM_BUCKETS
         self.retries.clear()
         self.errors.clear()
