@@ -131,6 +131,38 @@ def test_bench_sweeps_and_recommends(
     assert hits == [8] * 16
 
 
+@pytest.mark.timeout(90)
+def test_bench_shows_the_default_and_says_when_the_store_throttles(
+    http_server: ObjectServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = _store(http_server, 16)
+    http_server.latency = 0.02
+    # 100 GETs/s: a fixed 64 asks far more often than that, the default learns not to.
+    http_server.throttle_rate, http_server.throttle_burst = 100.0, 10.0
+    argv = ["bench", url, "--concurrency=64,auto", "--workers=0", "--samples=96"]
+    code = cli.main([*argv, "--batch-size=8", "--seconds=20", "--progress=never"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    rows = [line.split() for line in out.splitlines() if re.match(r"^0\s+(\d+|auto)\s", line)]
+    assert [r[1] for r in rows] == ["64", "auto"]  # fixed values first, then the default
+    # A fixed 64 keeps asking 64 at a time (most often some object fails its 5 attempts);
+    # the default backs off to what the store allows and reads everything.
+    assert rows[1][2] != "failed"
+    assert 1 <= int(rows[1][8]) <= 512  # the limit column: where the default got to
+    assert re.search(
+        r"^auto at num_workers=0: samples in flight allowed over time: 0\.0 s \d+", out, re.M
+    )
+    throttled = re.findall(
+        r"^note: the store throttled ([\d,]+) of .* max_concurrency=(\S+) ", out, re.M
+    )
+    counts = {setting: int(n.replace(",", "")) for n, setting in throttled}
+    assert counts.keys() == {"64", "auto"}
+    assert counts["64"] > 2 * counts["auto"]
+    if rows[0][2] == "failed":
+        assert re.search(r"^note: .*max_concurrency=64 .*: the setting failed: ", out, re.M)
+    assert http_server.throttled >= sum(counts.values())
+
+
 def test_bench_manifest_with_absolute_urls(
     http_server: ObjectServer, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
-from typing import NamedTuple, NoReturn
+from typing import NamedTuple, NoReturn, TypeVar
 
 from .. import __version__
 from .._exceptions import LoadError
@@ -50,8 +50,15 @@ def _int_at_least(minimum: int, what: str) -> Callable[[str], int]:
     return parse
 
 
+T = TypeVar("T")
+
 _positive_int = _int_at_least(1, "a positive integer")
 _count = _int_at_least(0, "an integer ≥ 0")
+
+
+def _concurrency(text: str) -> int | None:
+    """A ``max_concurrency`` value: a positive integer, or ``auto`` (the default, ``None``)."""
+    return None if text.strip().lower() == "auto" else _positive_int(text)
 
 
 def _seconds(text: str) -> float:
@@ -99,8 +106,8 @@ def _latency(*, bare_below_one_is_seconds: bool) -> Callable[[str], _Latency]:
     return parse
 
 
-def _int_list(parse: Callable[[str], int]) -> Callable[[str], tuple[int, ...]]:
-    def parse_list(text: str) -> tuple[int, ...]:
+def _int_list(parse: Callable[[str], T]) -> Callable[[str], tuple[T, ...]]:
+    def parse_list(text: str) -> tuple[T, ...]:
         items = [t.strip() for t in text.split(",") if t.strip()]
         if not items:
             raise argparse.ArgumentTypeError(f"expected a comma-separated list, got {text!r}")
@@ -192,8 +199,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="s3://, gs://, az://, file:// or a directory; http(s):// needs a manifest.txt",
     )  # fmt: skip
     bench.add_argument(
-        "--concurrency", metavar="N,N,...", type=_int_list(_positive_int),
-        default=(8, 32, 128, 256), help="max_concurrency values (default: 8,32,128,256)",
+        "--concurrency", metavar="N,N,...", type=_int_list(_concurrency),
+        default=(8, 32, 128, 256, None),
+        help="max_concurrency values; auto is the default, a limit found while reading "
+        "(default: 8,32,128,256,auto)",
     )  # fmt: skip
     bench.add_argument(
         "--workers", metavar="N,N,...", type=_int_list(_count), default=(1, 2),
@@ -289,9 +298,12 @@ def _bench(args: argparse.Namespace) -> int:
         bench_table,
         check_plotting,
         fmt_ms,
+        label,
+        limit_lines,
         plot,
         recommend,
         run_bench,
+        throttle_notes,
     )
 
     if args.plot:
@@ -312,10 +324,13 @@ def _bench(args: argparse.Namespace) -> int:
     )
     results = run_bench(urls, cfg)
     print(bench_table(results))
+    for line in limit_lines(results) + throttle_notes(results):
+        print(line)
     for r in backlog_suspects(results):
         assert r.stats is not None
         print(
-            f"note: at num_workers={r.workers}, max_concurrency={r.concurrency} fetch latencies "
+            f"note: at num_workers={r.workers}, max_concurrency={label(r.concurrency)} fetch "
+            "latencies "
             f"sit at the kernel's SYN retry marks, 1 s, 3 s, 7 s... above the store's own "
             f"(p50 {fmt_ms(r.stats.latency_p50)} ms, p99 {fmt_ms(r.stats.latency_p99)} ms): the "
             "server's listen backlog looks full, and dropped connections wait to be retried. "
@@ -327,8 +342,13 @@ def _bench(args: argparse.Namespace) -> int:
         print("recommended: none (every setting failed)")
         return EXIT_FAILURE
     assert best.stats is not None
+    setting = (
+        "max_concurrency unset (auto)"
+        if best.concurrency is None
+        else f"max_concurrency={best.concurrency}"
+    )
     print(
-        f"recommended: num_workers={best.workers}, max_concurrency={best.concurrency} "
+        f"recommended: num_workers={best.workers}, {setting} "
         f"({best.samples_per_s:,.0f} samples/s, p50 {fmt_ms(best.stats.latency_p50)} ms; "
         f"objective {args.objective})"
     )

@@ -1,5 +1,9 @@
 """``asyncload bench``: which ``max_concurrency`` and ``num_workers`` a store wants.
 
+``max_concurrency`` values are ints or ``None`` ("auto", the DataLoader's default: each worker
+finds its limit itself); for those the bench shows where the limit went over time. Any setting
+the store throttled (``503 SlowDown``, ``429``) is named after the table.
+
 Each setting reads objects through ``asyncload.RemoteFiles`` for at most ``samples``
 samples or ``seconds`` seconds, whichever comes first, cycling through the objects when there
 are fewer of them. Samples are decoded to their length in the worker, so what is measured is
@@ -57,8 +61,8 @@ SYN_RETRY_MARKS = (1.0, 3.0, 7.0, 15.0, 31.0)
 class BenchConfig:
     """What ``asyncload bench`` was asked to do."""
 
-    concurrency: tuple[int, ...] = (8, 32, 128, 256)
-    """``max_concurrency`` values to try."""
+    concurrency: tuple[int | None, ...] = (8, 32, 128, 256, None)
+    """``max_concurrency`` values to try (``None``: the default, a limit found while reading)."""
     workers: tuple[int, ...] = (1, 2)
     """``num_workers`` values to try."""
     batch_size: int = 32
@@ -74,7 +78,8 @@ class Setting:
     """One measured setting."""
 
     workers: int
-    concurrency: int
+    concurrency: int | None
+    """``max_concurrency``; ``None``: the default (auto)."""
     samples: int = 0
     """Samples delivered to the loop."""
     samples_per_s: float = 0.0
@@ -84,9 +89,27 @@ class Setting:
     """From creating the iterator to the first batch."""
     stats: LoaderStats | None = None
     error: str | None = None
+    limits: tuple[tuple[float, int], ...] = ()
+    """(seconds since the first batch, samples in flight allowed over all workers), about every
+    ``LIMIT_EVERY`` seconds: where an automatic limit went."""
 
 
-def _run_one(urls: RemoteFiles, workers: int, concurrency: int, cfg: BenchConfig) -> Setting:
+# How often the bench notes where an automatic limit is.
+LIMIT_EVERY = 0.5
+
+
+def label(concurrency: int | None) -> str:
+    """How a ``max_concurrency`` value is shown: the int, or ``auto``."""
+    return "auto" if concurrency is None else str(concurrency)
+
+
+def _order(concurrency: int | None) -> tuple[int, int]:
+    # Fixed values in order, then the default; also the tie-break of `recommend`, where the
+    # default comes first (it adapts to what the bench could not see).
+    return (1, 0) if concurrency is None else (0, concurrency)
+
+
+def _run_one(urls: RemoteFiles, workers: int, concurrency: int | None, cfg: BenchConfig) -> Setting:
     n = len(urls)
     # Cycle through the objects: a small store still gives every setting the same load.
     order = np.arange(cfg.samples, dtype=np.int64) % n
@@ -98,8 +121,9 @@ def _run_one(urls: RemoteFiles, workers: int, concurrency: int, cfg: BenchConfig
         max_concurrency=concurrency,
     )
     bar = Progress(
-        f"workers={workers} concurrency={concurrency:<4}", cfg.samples, enabled=cfg.progress
+        f"workers={workers} concurrency={label(concurrency):<4}", cfg.samples, enabled=cfg.progress
     )
+    limits: list[tuple[float, int]] = []
     delivered = 0
     first_at = first_samples = 0.0
     t0 = time.perf_counter()
@@ -114,6 +138,10 @@ def _run_one(urls: RemoteFiles, workers: int, concurrency: int, cfg: BenchConfig
                 first_at, first_samples = now, delivered
             stats = loader.stats()
             end = now
+            if concurrency is None and (
+                not limits or now - first_at >= limits[-1][0] + LIMIT_EVERY
+            ):
+                limits.append((now - first_at, sum(stats.concurrency)))
             rate = (delivered - first_samples) / (now - first_at) if now > first_at else 0.0
             bar.update(
                 delivered,
@@ -123,7 +151,8 @@ def _run_one(urls: RemoteFiles, workers: int, concurrency: int, cfg: BenchConfig
             if now - first_at >= cfg.seconds:
                 break
     except LoadError as exc:
-        return Setting(workers, concurrency, delivered, error=f"{type(exc).__name__}: {exc}")
+        error = f"{type(exc).__name__}: {exc}"
+        return Setting(workers, concurrency, delivered, stats=loader.stats(), error=error)
     finally:
         bar.close()
         del it
@@ -140,6 +169,7 @@ def _run_one(urls: RemoteFiles, workers: int, concurrency: int, cfg: BenchConfig
         bytes_per_s=rate * per_sample,
         startup_s=first_at - t0,
         stats=stats,
+        limits=tuple(limits),
     )
 
 
@@ -150,7 +180,7 @@ def run_bench(urls: list[str], cfg: BenchConfig) -> list[Setting]:
     return [
         _run_one(dataset, w, c, cfg)
         for w in sorted(set(cfg.workers))
-        for c in sorted(set(cfg.concurrency))
+        for c in sorted(set(cfg.concurrency), key=_order)
     ]
 
 
@@ -162,7 +192,7 @@ def recommend(results: Sequence[Setting], objective: str = "balanced") -> Settin
     best = max(r.samples_per_s for r in ok)
     if objective == "throughput":
         good = [r for r in ok if r.samples_per_s >= (1 - TOLERANCE) * best]
-        return min(good, key=lambda r: (r.workers, r.concurrency))
+        return min(good, key=_cost)
     if objective != "balanced":
         raise UsageError(f"unknown objective {objective!r}: one of {', '.join(OBJECTIVES)}")
     fair = [r for r in ok if r.samples_per_s >= BALANCED_FLOOR * best]
@@ -174,7 +204,49 @@ def recommend(results: Sequence[Setting], objective: str = "balanced") -> Settin
     top = max(power(r) for r in fair)
     # Settings whose "power" is within TOLERANCE of the top are a tie: take the cheapest.
     good = [r for r in fair if power(r) >= (1 - TOLERANCE) * top]
-    return min(good, key=lambda r: (r.workers, r.concurrency))
+    return min(good, key=_cost)
+
+
+def _cost(r: Setting) -> tuple[int, int, int]:
+    # Fewest workers first; then the default if it is as good (it follows the store when it
+    # changes, a fixed value does not), then the lowest fixed value.
+    return (r.workers, *(_order(r.concurrency)[::-1]))
+
+
+def throttle_notes(results: Sequence[Setting]) -> list[str]:
+    """One line per setting the store throttled: how often, and what the default did."""
+    notes = []
+    for r in results:
+        s = r.stats
+        if s is None or not s.throttled:
+            continue
+        requests = s.samples + sum(s.retries.values())
+        if r.concurrency is None:
+            what = "the workers cut their limits and retried within them"
+        else:
+            what = "a fixed limit keeps asking as fast; the default (auto) backs off"
+            if r.error is not None:
+                what = "the setting failed: " + what
+        notes.append(
+            f"note: the store throttled {s.throttled:,} of ~{requests:,} requests "
+            f"({s.throttled / max(requests, 1):.1%}) at num_workers={r.workers}, "
+            f"max_concurrency={label(r.concurrency)} (503 SlowDown / 429): {what}."
+        )
+    return notes
+
+
+def limit_lines(results: Sequence[Setting]) -> list[str]:
+    """Where each automatic limit went over time (all workers together)."""
+    lines = []
+    for r in results:
+        if r.concurrency is None and r.limits:
+            points = " · ".join(f"{t:.1f} s {n}" for t, n in r.limits[:12])
+            more = " ..." if len(r.limits) > 12 else ""
+            lines.append(
+                f"auto at num_workers={r.workers}: samples in flight allowed over time: "
+                f"{points}{more}"
+            )
+    return lines
 
 
 def backlog_suspects(results: Sequence[Setting]) -> list[Setting]:
@@ -213,25 +285,26 @@ def bench_table(results: Sequence[Setting]) -> str:
         s = r.stats
         if r.error is not None or s is None:
             rows.append(
-                [str(r.workers), str(r.concurrency), "failed", "", "", "", "", "", r.error or ""]
+                [str(r.workers), label(r.concurrency), "failed"] + [""] * 6 + [r.error or ""]
             )
             continue
         extra = ", ".join(f"{k} ×{v}" for k, v in sorted({**s.retries, **s.errors}.items()))
         rows.append(
             [
                 str(r.workers),
-                str(r.concurrency),
+                label(r.concurrency),
                 f"{r.samples_per_s:,.0f}",
                 f"{r.bytes_per_s / 1e6:,.2f}",
                 fmt_ms(s.latency_p50),
                 fmt_ms(s.latency_p95),
                 fmt_ms(s.latency_p99),
                 f"{r.startup_s:.2f}",
+                ",".join(str(c) for c in s.concurrency),
                 extra,
             ]
         )
     header = ["workers", "concurrency", "samples/s", "MB/s", "p50 ms", "p95 ms", "p99 ms"]
-    header += ["start s", "retries/errors"]
+    header += ["start s", "limit", "retries/errors"]
     return render_table(header, rows)
 
 
@@ -268,14 +341,19 @@ def plot(results: Sequence[Setting], path: str) -> None:
 
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     for workers in sorted({r.workers for r in results}):
-        pts = [r for r in results if r.workers == workers and r.error is None]
-        ax.plot(
-            [r.concurrency for r in pts],
-            [r.samples_per_s for r in pts],
+        ok = [r for r in results if r.workers == workers and r.error is None]
+        pts = [(r.concurrency, r.samples_per_s) for r in ok if r.concurrency is not None]
+        line = ax.plot(
+            [c for c, _ in pts],
+            [rate for _, rate in pts],
             marker="o",
             label=f"num_workers={workers}",
         )
-    concurrencies = sorted({r.concurrency for r in results})
+        for r in ok:
+            if r.concurrency is None:  # the default: one level, not a point on the axis
+                color = line[0].get_color()
+                ax.axhline(r.samples_per_s, ls="--", color=color, label=f"{workers}: auto")
+    concurrencies = sorted({r.concurrency for r in results if r.concurrency is not None})
     if len(concurrencies) > 1 and concurrencies[0] > 0:
         ax.set_xscale("log", base=2)
     ax.set_xticks(concurrencies, [str(c) for c in concurrencies])
