@@ -179,3 +179,27 @@ def test_suspect_shards_are_counted_in_stats(http_server: ObjectServer, num_work
     s = loader.stats()
     assert len(samples) == 12
     assert (s.shards_empty, s.shards_unterminated) == (1, 1)
+
+
+@pytest.mark.timeout(10)
+def test_as_dict_gives_flat_numbers_for_a_metrics_logger() -> None:
+    from asyncload._stats.loader_stats import LoaderStats
+
+    stats = LoaderStats(
+        elapsed_s=2.0, samples=100, bytes=1000, batches=4, samples_per_s=50.0, bytes_per_s=500.0,
+        in_flight=(3, 4), concurrency=(16, 24), latency_p50=0.05, latency_p95=0.07,
+        latency_p99=0.09, retries={"503": 2}, errors={}, wait_s=0.5, throttled=2,
+        mixed=(60, 40), skipped={"ValueError": 1},
+    )  # fmt: skip
+    flat = stats.as_dict("loader/")
+    assert all(isinstance(v, float) for v in flat.values())
+    assert flat["loader/samples_per_s"] == 50.0
+    assert flat["loader/in_flight"] == 7.0  # per-worker tuples are summed
+    assert flat["loader/concurrency"] == 40.0
+    assert flat["loader/retries/503"] == 2.0
+    assert flat["loader/throttled"] == 2.0
+    assert flat["loader/mixed/0"] == 60.0
+    assert flat["loader/mixed/1"] == 40.0
+    assert flat["loader/skipped/ValueError"] == 1.0
+    assert not any(k.startswith("loader/errors") for k in flat)  # no errors: no keys
+    assert set(stats.as_dict()) == {k.removeprefix("loader/") for k in flat}

@@ -105,6 +105,37 @@ class LoaderStats:
     skipped: dict[str, int] = field(default_factory=dict)
     """Samples left out of their batch by ``sample_errors='skip'/'warn'``, by exception type."""
 
+    def as_dict(self, prefix: str = "") -> dict[str, float]:
+        """Flat numbers, one key per figure, for a metrics logger (TensorBoard's
+        ``add_scalars``, W&B's ``log``, Lightning's ``log_dict``).
+
+        Per-worker tuples become their sum (``in_flight``, ``concurrency``); dicts become one
+        key each (``retries/503``, ``errors/NotFound``, ``skipped/ValueError``, ``mixed/0``).
+
+        Args:
+            prefix: Put before every key (e.g. ``"loader/"``).
+
+        Examples:
+            >>> stats = loader.stats()  # doctest: +SKIP
+            >>> wandb.log(stats.as_dict("loader/"), step=step)  # doctest: +SKIP
+            >>> self.log_dict(stats.as_dict("loader/"))  # in a LightningModule  # doctest: +SKIP
+        """
+        out: dict[str, float] = {}
+        for name in self.__dataclass_fields__:
+            value = getattr(self, name)
+            if isinstance(value, dict):
+                for key, n in sorted(value.items()):
+                    out[f"{prefix}{name}/{key}"] = float(n)
+            elif isinstance(value, tuple):
+                if name == "mixed":
+                    for i, n in enumerate(value):
+                        out[f"{prefix}{name}/{i}"] = float(n)
+                else:
+                    out[f"{prefix}{name}"] = float(sum(value))
+            else:
+                out[f"{prefix}{name}"] = float(value)
+        return out
+
 
 def _percentile(hist: list[int], q: float) -> float:
     total = sum(hist)
