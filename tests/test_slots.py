@@ -127,11 +127,14 @@ def test_the_default_grows_to_hide_a_stores_latency() -> None:
 @pytest.mark.timeout(60)
 def test_the_default_stays_small_when_the_cpu_is_the_bottleneck() -> None:
     # 2 ms of CPU per sample and no waiting: samples in flight only queue for the loop (their
-    # latency grows with their number, their rate does not), so the limit does not grow.
+    # latency grows with their number, their rate does not), so the limit does not grow: it
+    # hovers where a few samples queue (13-20 on a busy 2-core machine), far under the 64+
+    # a store's latency earns and the 512 ceiling.
     ds = Store(1200, cpu=0.002)
     results = asyncio.run(_read(_config(ds, None), 150, window=100))
     assert sorted(x for r in results for x in r.data) == list(range(1200))
-    assert _last_limit(results) <= 16
+    limits = [r.stats.limit for r in results if r.stats is not None]
+    assert max(limits[len(limits) // 2 :]) <= 32, limits
 
 
 @pytest.mark.timeout(60)
