@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from ._checkpoint.elastic_iter import ElasticIterable, merge_state_dicts
 from ._dataset.base import Dataset, IterableDataset
+from ._dataset.cpu import cpu
 from ._dataset.sharding import WorkerInfo, get_worker_info, shard
 from ._exceptions import (
     ArchiveError,
@@ -110,6 +111,7 @@ __all__ = [
     "cache_counts",
     "configure",
     "configure_all",
+    "cpu",
     "get_worker_info",
     "hedge_counts",
     "list_files",

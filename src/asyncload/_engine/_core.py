@@ -66,6 +66,8 @@ class WorkerConfig:
     plan: Any = None
     """The units this worker reads on its first pass, re-dealt from a checkpoint taken with
     another number of readers (``_checkpoint.elastic_iter``); ``None``: its ordinary share."""
+    cpu_threads: int | None = None
+    """Threads of the worker's CPU lane (``_dataset.cpu``); ``None``: its share of the cores."""
     learned_limit: Any = None
     """Where an adaptive limit starts (a ``_control.LimitState`` the main process combined from
     the last pass's workers); ``None``: from ``slots.initial_limit``."""

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from .._dataset import cpu as _cpu
 from .._dataset.sample_errors import SkippedSample
 from .._protocol.messages import IndexTask
 from ._core import EngineCore
@@ -132,6 +133,7 @@ class MapFetching(EngineCore):
 
     async def _fetch_many(self, batch: _Batch, indices: list[Any], granted: float) -> None:
         assert self._fetch_batch is not None
+        _cpu.priority.set(batch.task.send_idx)  # this batch's CPU work, in batch order
         t0 = time.perf_counter()
         ok: bool | None = None
         try:
@@ -163,6 +165,7 @@ class MapFetching(EngineCore):
     async def _fetch_one(self, batch: _Batch, pos: int, index: Any) -> bool:
         """Fetch one sample into its batch; whether it was fetched (not failed)."""
         assert self._fetch is not None
+        _cpu.priority.set(batch.task.send_idx)  # its CPU work goes in batch order
         t0 = time.perf_counter()
         try:
             sample = await self._fetch(index)

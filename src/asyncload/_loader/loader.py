@@ -64,6 +64,10 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
             requests are then retried within the cut limit. ``stats().concurrency`` shows where
             it is, ``stats().throttled`` how often the store pushed back. An int is a fixed
             limit, as before: at 50 ms per request 128 reads about 2,500 samples/s per worker.
+        cpu_threads: Threads of each worker's CPU lane (keyword-only), where
+            [`asyncload.cpu`][asyncload.cpu] calls and ``decode_in_thread`` decoders run, the
+            head batch's first. ``None`` (default): the worker's share of the cores this
+            process may use (``os.sched_getaffinity``), at least one.
         prefetch_bytes: How far the workers may run ahead of the training loop, in bytes held by
             batches fetched but not yet yielded (keyword-only, default 1 GiB per pass; 0 keeps
             a fixed window). While the next batch waits on one slow request, the workers keep
@@ -125,6 +129,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
         pin_memory_device: str = "",
         in_order: bool = True,
         max_concurrency: int | Literal["auto"] | None = None,
+        cpu_threads: int | None = None,
         prefetch_bytes: int = DEFAULT_PREFETCH_BYTES,
         auto_shard: bool = True,
         sample_errors: Literal["raise", "skip", "warn"] = "raise",
@@ -141,6 +146,13 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
             raise ValueError(
                 "max_concurrency must be a positive integer, or None (or 'auto') for a limit "
                 f"each worker finds itself, got {max_concurrency!r}"
+            )
+        if cpu_threads is not None and (
+            not isinstance(cpu_threads, int) or isinstance(cpu_threads, bool) or cpu_threads < 1
+        ):
+            raise ValueError(
+                "cpu_threads must be a positive integer, or None for each worker's share of "
+                f"the cores, got {cpu_threads!r}"
             )
         if not isinstance(prefetch_bytes, int) or prefetch_bytes < 0:
             raise ValueError(
@@ -203,6 +215,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
         )
         self.in_order = in_order
         self.max_concurrency = max_concurrency
+        self.cpu_threads = cpu_threads
         self.prefetch_bytes = prefetch_bytes
         per_batch = self.batch_size if self._auto_collation and self.batch_size else 1
         # Enough batches per worker that max_concurrency samples are in flight, plus one being
@@ -255,6 +268,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
             worker_init_fn=self.worker_init_fn,
             num_workers=self.num_workers,
             max_concurrency=self.max_concurrency,
+            cpu_threads=self.cpu_threads,
             outstanding_per_worker=self._outstanding_per_worker,
             in_order=self.in_order,
             timeout=self.timeout,

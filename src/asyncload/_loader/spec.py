@@ -36,6 +36,8 @@ class PassSpec:
     pin_device: str | None
     generator: torch.Generator | None
     multiprocessing_context: Any = None
+    cpu_threads: int | None = None
+    """Threads of each worker's CPU lane; ``None``: its share of the cores."""
     prefetch_bytes: int = 1 << 30
     """Bytes finished-but-undelivered batches may hold beyond the fixed window
     (``_loader.lookahead``)."""

@@ -39,6 +39,7 @@ def start_workers(
             collate_fn=spec.collate_fn,
             worker_init_fn=spec.worker_init_fn,
             max_concurrency=spec.max_concurrency,
+            cpu_threads=spec.cpu_threads,
             rank=rank,
             world_size=world,
             storage_config=None,

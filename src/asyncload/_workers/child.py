@@ -27,6 +27,7 @@ import numpy as np
 import torch
 import torch.utils.data
 
+from .._dataset import cpu as _cpu
 from .._dataset import sharding as _sharding
 from .._engine import Engine, WorkerConfig
 from .._engine import sample_watch as _sample_watch
@@ -256,12 +257,18 @@ def run_engine(
     asyncio.set_event_loop(loop)
     monitor = _watchdog.start_monitor(loop, put, cfg.worker_id)  # asyncload-guard hook
     watch = _sample_watch.start_sample_watch(loop, put, cfg.worker_id)
+    # Decode and transforms (asyncload.cpu) run here, sized to the worker's share of the cores.
+    lane = _cpu.CpuLane(
+        cfg.cpu_threads or _cpu.default_threads(cfg.num_workers), name=f"{thread_prefix}-cpu"
+    )
     try:
         engine = loop.run_until_complete(_make_engine(cfg, put, where, recorder))
         inbox: asyncio.Queue[object] = asyncio.Queue()
         started(loop, inbox)
-        loop.run_until_complete(engine.run(inbox))
+        with _cpu.using(lane):  # the engine's tasks copy this context
+            loop.run_until_complete(engine.run(inbox))
     finally:
+        lane.shutdown(wait=False, cancel_futures=True)
         if monitor is not None:  # asyncload-guard hook
             monitor.stop()
         if watch is not None:

@@ -9,7 +9,6 @@ they pickle as two buffers for ``forkserver`` and ``spawn`` workers.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import inspect
 import os
@@ -19,6 +18,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from .._dataset import cpu as _cpu
 from .._dataset.base import Dataset
 from .._redact import redact_url
 from .._storage import api as _storage
@@ -59,8 +59,9 @@ class RemoteFiles(Dataset[Any]):
 
     Works with any scheme ``asyncload.read`` knows (``https://``, ``s3://``, ``gs://``,
     ``az://``, ``file://``, plain paths). ``decode`` runs in the worker process; with
-    ``decode_in_thread=True`` it runs in the worker's thread pool, so a CPU-heavy decoder (JPEG,
-    audio) does not stop the event loop from fetching the next samples meanwhile.
+    ``decode_in_thread=True`` it runs on the worker's CPU lane (see
+    [`asyncload.cpu`][asyncload.cpu]), so a CPU-heavy decoder (JPEG, audio) does not stop the
+    event loop from fetching the next samples meanwhile.
 
     **Labels from paths.** A ``decode`` with a parameter named ``url`` and/or ``index`` gets the
     sample's URL and/or index by keyword, besides the bytes; the signature is read once. So an
@@ -76,7 +77,8 @@ class RemoteFiles(Dataset[Any]):
         decode: ``decode(data: bytes) -> sample``, or ``decode(data, *, url, index)`` with
             either keyword (see above); the raw ``bytes`` when ``None``. Must be picklable (a
             module-level function) to reach ``forkserver``/``spawn`` workers.
-        decode_in_thread: Run ``decode`` via ``loop.run_in_executor(None, ...)``.
+        decode_in_thread: Run ``decode`` with [`asyncload.cpu`][asyncload.cpu]: on the
+            worker's CPU lane, as many at once as its share of the cores, the head batch first.
         storage_options: ``{prefix: StorageOptions or dict}`` applied with
             [`asyncload.configure_all`][asyncload.configure_all] in each process that reads from
             this dataset.
@@ -171,7 +173,7 @@ class RemoteFiles(Dataset[Any]):
             given = {"url": url, "index": int(index)}
             decode = functools.partial(decode, **{k: given[k] for k in wanted})
         if self.decode_in_thread:
-            return await asyncio.get_running_loop().run_in_executor(None, decode, data)
+            return await _cpu.cpu(decode, data)
         return decode(data)
 
     def _wanted_by(self, decode: Callable[..., Any]) -> tuple[str, ...]:

@@ -98,8 +98,9 @@ class TarShards(IterableDataset[Sample]):
         decoders: ``{extension: fn(bytes)}`` (the full extension such as ``"seg.png"`` wins over
             its last part ``"png"``; letter case is ignored), or ``fn(sample) -> sample`` for
             the whole sample.
-        decode_in_thread: Run decoders in the worker's thread pool, several samples at once, so
-            CPU-heavy decoding (images, audio) overlaps with streaming.
+        decode_in_thread: Run decoders on the worker's CPU lane (see
+            [`asyncload.cpu`][asyncload.cpu]), several samples at once, so CPU-heavy decoding
+            (images, audio) overlaps with streaming.
         shards_in_flight: Shards each reader interleaves at once.
         handler: What a corrupt shard, an unsafe member or a failing decoder does: ``"raise"``
             (default), ``"warn"`` (an [`AsyncloadWarning`][asyncload.AsyncloadWarning], then

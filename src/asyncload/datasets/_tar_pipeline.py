@@ -21,6 +21,7 @@ from typing import Any, cast
 
 import numpy as np
 
+from .._dataset import cpu as _cpu
 from .._exceptions import ArchiveError
 from .._redact import redact_url
 from .._storage import api as _storage
@@ -240,7 +241,7 @@ async def decode_in_pool(
             seen += 1
             if seen <= skip:
                 continue
-            running.append(loop.run_in_executor(None, decode, item))
+            running.append(loop.run_in_executor(_cpu.current(), decode, item))
             if len(running) >= limit:
                 done = await running.popleft()
                 if done is not None:

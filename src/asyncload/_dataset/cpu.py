@@ -1,0 +1,190 @@
+"""CPU work of a sample (decode, transforms) on its worker's CPU lane, the head batch first.
+
+Requests in flight are sized for latency (hundreds per worker); CPU work is not: on a worker's
+share of the cores, more threads than cores only contend for them (and for the GIL), and a
+decoder that runs on the event loop's thread delays every request's next step. So each engine
+has a *CPU lane*: a few threads, as many as the worker's share of the cores by default
+(``default_threads``), that run what ``cpu()`` is given in order of need: the samples of the
+batch sent first (the one the training loop waits for) before later batches', then first come,
+first served. While the lane is busy the event loop goes on fetching.
+
+``cpu()`` outside an engine (your own ``asyncio.run``) runs the call in the loop's default
+executor. The lane is found through a ContextVar that the engine sets for its tasks, and the
+priority through another that it sets for each sample (``priority``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import contextvars
+import functools
+import heapq
+import itertools
+import os
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+__all__ = ["CpuLane", "cpu", "current", "default_threads", "priority", "using"]
+
+T = TypeVar("T")
+
+# (priority, submission order, the caller's future, the call): the order makes every key unique,
+# so futures are never compared.
+_Work = tuple[int, int, "concurrent.futures.Future[Any]", Callable[[], Any]]
+
+_LAST = 1 << 62  # the priority of work outside any batch: after every batch's, in order
+
+_lane: contextvars.ContextVar[CpuLane | None] = contextvars.ContextVar(
+    "asyncload_cpu_lane", default=None
+)
+priority: contextvars.ContextVar[int] = contextvars.ContextVar(
+    "asyncload_cpu_priority", default=_LAST
+)
+"""The batch (its send index) the running sample belongs to: lower runs first on the lane."""
+
+
+def default_threads(num_workers: int) -> int:
+    """A worker's share of the cores this process may use: at least one thread."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return max(1, cores // max(1, num_workers))
+
+
+async def cpu(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+    """Run ``fn(*args, **kwargs)`` on the worker's CPU lane and return its result.
+
+    Use it in an ``async def __getitem__`` for the CPU-heavy part of a sample (decoding an
+    image, augmenting it, tokenizing a document): the worker's event loop keeps fetching other
+    samples meanwhile, the lane runs no more calls at once than the worker's share of the cores,
+    and the samples of the batch the training loop waits for go first. Decoders that release
+    the GIL (Pillow's, NumPy's, torch's) run in parallel with the loop.
+
+    Outside a DataLoader worker it runs in the event loop's default executor.
+
+    Examples:
+        >>> import asyncload, io
+        >>> from PIL import Image
+        >>> class Photos(asyncload.Dataset):
+        ...     def __init__(self, urls):
+        ...         self.urls = urls
+        ...     def __len__(self):
+        ...         return len(self.urls)
+        ...     async def __getitem__(self, i):
+        ...         data = await asyncload.read(self.urls[i])
+        ...         return await asyncload.cpu(decode_and_augment, data)  # doctest: +SKIP
+    """
+    loop = asyncio.get_running_loop()
+    call = functools.partial(fn, *args, **kwargs) if kwargs else fn
+    return await loop.run_in_executor(_lane.get(), call, *(() if kwargs else args))
+
+
+def current() -> CpuLane | None:
+    """The running engine's CPU lane (``None`` outside one: the loop's default executor)."""
+    return _lane.get()
+
+
+@contextlib.contextmanager
+def using(lane: CpuLane) -> Iterator[CpuLane]:
+    """Send ``cpu()`` calls made in this context (and in tasks started from it) to *lane*."""
+    token = _lane.set(lane)
+    try:
+        yield lane
+    finally:
+        _lane.reset(token)
+
+
+class CpuLane(concurrent.futures.Executor):
+    """A few threads running calls in order of ``priority``, then of submission.
+
+    Each call runs in the context it was submitted from (as ``asyncio.to_thread`` does), so
+    storage notes made inside count for the engine that asked.
+
+    Args:
+        threads: How many calls may run at once.
+        name: The threads' name prefix.
+
+    Examples:
+        >>> lane = CpuLane(2, name="example-cpu")
+        >>> lane.submit(sum, [1, 2, 3]).result()
+        6
+        >>> lane.shutdown()
+    """
+
+    def __init__(self, threads: int, *, name: str = "asyncload-cpu") -> None:
+        if threads < 1:
+            raise ValueError(f"a CPU lane needs at least one thread, got {threads}")
+        self.size = threads
+        self._name = name
+        self._work: list[_Work] = []
+        self._order = itertools.count()
+        self._cond = threading.Condition()
+        self._threads: list[threading.Thread] = []
+        self._idle = 0
+        self._closed = False
+        self.running = 0  # calls running now
+        self.most = 0  # the most that ran at once
+
+    def submit(
+        self, fn: Callable[..., T], /, *args: Any, **kwargs: Any
+    ) -> concurrent.futures.Future[T]:
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+        ctx = contextvars.copy_context()
+        call = functools.partial(ctx.run, fn, *args, **kwargs)
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("cannot submit to a CPU lane after shutdown")
+            item: _Work = (priority.get(), next(self._order), future, call)
+            heapq.heappush(self._work, item)
+            if self._idle:
+                self._cond.notify()
+            elif len(self._threads) < self.size:
+                thread = threading.Thread(
+                    target=self._serve, name=f"{self._name}-{len(self._threads)}", daemon=True
+                )
+                self._threads.append(thread)
+                thread.start()
+        return future
+
+    def _serve(self) -> None:
+        while True:
+            with self._cond:
+                while not self._work and not self._closed:
+                    self._idle += 1
+                    self._cond.wait()
+                    self._idle -= 1
+                if not self._work:  # closed, and nothing left
+                    return
+                _, _, future, call = heapq.heappop(self._work)
+                if not future.set_running_or_notify_cancel():
+                    continue
+                self.running += 1
+                self.most = max(self.most, self.running)
+            try:
+                result = call()
+            except BaseException as exc:
+                future.set_exception(exc)
+            else:
+                future.set_result(result)
+            finally:
+                with self._cond:
+                    self.running -= 1
+                del future, call  # a large result is not kept alive by this frame
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """Stop taking calls; the threads end once what is queued has run (or was cancelled,
+        with *cancel_futures*)."""
+        with self._cond:
+            self._closed = True
+            if cancel_futures:
+                for _, _, future, _ in self._work:
+                    future.cancel()
+                self._work.clear()
+            self._cond.notify_all()
+        if wait:
+            for thread in self._threads:
+                thread.join()
