@@ -6,6 +6,7 @@ import asyncio
 import collections
 import io
 import tarfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -203,3 +204,66 @@ def test_as_dict_gives_flat_numbers_for_a_metrics_logger() -> None:
     assert flat["loader/skipped/ValueError"] == 1.0
     assert not any(k.startswith("loader/errors") for k in flat)  # no errors: no keys
     assert set(stats.as_dict()) == {k.removeprefix("loader/") for k in flat}
+
+
+class _Spinning(asyncload.Dataset[int]):
+    """Each sample spins *cpu* seconds on the worker's loop, or waits *wait* seconds."""
+
+    def __init__(self, n: int, *, cpu: float = 0.0, wait: float = 0.0) -> None:
+        self.n, self.cpu, self.wait = n, cpu, wait
+
+    def __len__(self) -> int:
+        return self.n
+
+    async def __getitem__(self, index: int) -> int:
+        if self.wait:
+            await asyncio.sleep(self.wait)
+        end = time.perf_counter() + self.cpu
+        while time.perf_counter() < end:
+            pass
+        return index
+
+
+def _second_pass(loader: Any, per_batch: float = 0.0) -> Any:
+    # Persistent workers: the first pass pays the start-up, the second is measured alone.
+    for _ in loader:
+        pass
+    for _ in loader:
+        time.sleep(per_batch)
+    return loader.stats()
+
+
+@pytest.mark.timeout(60)
+def test_stats_say_which_stage_bounds_the_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Spinning on the loop is the point here: a busy machine may stretch one 4 ms spin past
+    # the blocked-loop warning's threshold.
+    monkeypatch.setenv("ASYNCLOAD_SLOW_CALLBACK", "0")
+    common: dict[str, Any] = {"batch_size": 8, "num_workers": 1, "persistent_workers": True}
+    # The training loop takes 40 ms per batch; the samples are ready long before.
+    consumer = _second_pass(asyncload.DataLoader(_Spinning(160), **common), per_batch=0.04)
+    assert consumer.bound_by == "consumer"
+    assert consumer.consumer_s >= 20 * 0.04 * 0.9
+    # 4 ms of CPU per sample on the worker's one core: the loop waits on it.
+    cpu = _second_pass(asyncload.DataLoader(_Spinning(400, cpu=0.004), **common))
+    assert cpu.bound_by == "cpu", cpu
+    assert cpu.worker_cpu_s >= 400 * 0.004 * 0.9
+    # 20 ms of waiting per sample, 4 at a time: the worker idles on its store.
+    storage = _second_pass(
+        asyncload.DataLoader(_Spinning(160, wait=0.02), max_concurrency=4, **common)
+    )
+    assert storage.bound_by == "storage", storage
+    assert storage.worker_cpu_s < 0.5 * storage.elapsed_s
+
+
+@pytest.mark.timeout(10)
+def test_the_bound_stage_follows_the_figures() -> None:
+    from asyncload._stats.loader_stats import _bound_by, _cores
+
+    cores = _cores()
+    assert _bound_by(0, 1.0, 1.0, 0.0, 0.0, 1) == ""  # nothing yet
+    assert _bound_by(10, 10.0, 0.5, 0.1, 9.0, 1) == "consumer"  # waited 5%
+    assert _bound_by(10, 10.0, 5.0, 3.0, 1.0, 1) == "transfer"  # busy receiving
+    assert _bound_by(10, 10.0, 5.0, 0.1, 9.0, 1) == "cpu"  # one worker, 90% of a core
+    assert _bound_by(10, 10.0, 5.0, 0.1, 2.0, 1) == "storage"  # idle workers
+    # Two workers are CPU-bound at two cores' worth (one each), whatever the machine has.
+    assert _bound_by(10, 10.0, 5.0, 0.1, 0.85 * 10 * min(cores, 2), 2) == "cpu"

@@ -24,6 +24,7 @@ import heapq
 import itertools
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -128,6 +129,7 @@ class CpuLane(concurrent.futures.Executor):
         self._closed = False
         self.running = 0  # calls running now
         self.most = 0  # the most that ran at once
+        self.busy_s = 0.0  # CPU seconds its calls used (each thread's own clock)
 
     def submit(
         self, fn: Callable[..., T], /, *args: Any, **kwargs: Any
@@ -164,6 +166,7 @@ class CpuLane(concurrent.futures.Executor):
                     continue
                 self.running += 1
                 self.most = max(self.most, self.running)
+            began = time.thread_time()
             try:
                 result = call()
             except BaseException as exc:
@@ -173,6 +176,7 @@ class CpuLane(concurrent.futures.Executor):
             finally:
                 with self._cond:
                     self.running -= 1
+                    self.busy_s += time.thread_time() - began
                 del future, call  # a large result is not kept alive by this frame
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:

@@ -57,6 +57,7 @@ class Engine(MapFetching, IterFetching):
                     await self._cancel_all()
                     # loader.stats() is per pass, and its clock starts again with this one.
                     self.recorder.reset()
+                    self._restart_cpu_clocks()
                     self._generation = msg.generation
                     # The worker's dataset is a copy: carry the new epoch over (torch doesn't,
                     # so persistent workers there shuffle every epoch the same way).

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._checkpoint import elastic_iter as _elastic_iter
+from .._dataset import cpu as _cpu
 from .._dataset import datapipes as _datapipes
 from .._dataset.base import batch_fetcher_for, fetcher_for
 from .._dataset.sample_errors import SkippedSample
@@ -112,6 +114,10 @@ class EngineCore:
         self._starter: asyncio.Task[None] | None = None
         self._cancelling = False  # True while the engine itself cancels its tasks
         self._last_stats = 0.0
+        # The CPU clocks when this pass began (_stats, loader.stats()'s stage figures).
+        self._own_process = os.getpid() != cfg.main_pid
+        self._cpu_base = self._lane_base = 0.0
+        self._cpu_base_set = False
         self._skip = cfg.skip
         self._plan = cfg.plan
         # Items come with tags saying which sample they are, for elastic checkpoints.
@@ -130,11 +136,33 @@ class EngineCore:
         now = time.monotonic()
         if force or now - self._last_stats >= _STATS_EVERY:
             self._last_stats = now
+            self._note_cpu()
             self.recorder.limit = self._sem.limit
             if self._sem.controller is not None:  # for the next pass's workers (slots.py)
                 self.recorder.learned = self._sem.controller.export()
             return self.recorder.snapshot()
         return None
+
+    def _cpu_clocks(self) -> tuple[float, float]:
+        """(CPU seconds of this worker so far, of which on its lane)."""
+        lane = _cpu.current()
+        lane_s = lane.busy_s if lane is not None else 0.0
+        if self._own_process:
+            return time.process_time(), lane_s
+        # A thread worker shares its process with the training loop: count only its loop's
+        # thread (stats are taken there) and its lane.
+        return time.thread_time() + lane_s, lane_s
+
+    def _restart_cpu_clocks(self) -> None:
+        self._cpu_base, self._lane_base = self._cpu_clocks()
+        self._cpu_base_set = True
+
+    def _note_cpu(self) -> None:
+        if not self._cpu_base_set:
+            self._restart_cpu_clocks()
+        cpu_s, lane_s = self._cpu_clocks()
+        self.recorder.cpu_s = cpu_s - self._cpu_base
+        self.recorder.lane_s = lane_s - self._lane_base
 
     # ── replies ────────────────────────────────────────────────────────────────────────────
 

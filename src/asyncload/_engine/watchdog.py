@@ -106,8 +106,9 @@ class LoopBlocked:
             "request of this worker waits meanwhile. Await an async client (asyncload.read, "
             "aiohttp, obstore) instead, or run blocking code off the loop with "
             "`await asyncio.to_thread(fn, ...)` or `loop.run_in_executor(None, fn, ...)`; "
-            "CPU-heavy work can go in a plain (sync) __getitem__, which runs in the worker's "
-            f"thread pool. {ENV_THRESHOLD}=<seconds> sets the threshold (0: off). "
+            "CPU-heavy work (decode, transforms) can go through `await asyncload.cpu(fn, ...)`, "
+            "which runs it on the worker's CPU lane. "
+            f"{ENV_THRESHOLD}=<seconds> sets the threshold (0: off). "
             f"Stack of the loop thread:\n{self.stack}"
         )
 

@@ -176,6 +176,7 @@ class Pass(Dispatch):
         if self.state is State.EXHAUSTED:
             raise StopIteration
         t0 = time.monotonic()
+        cpu0 = time.thread_time()
         try:
             data = self._next_data()
         except StopIteration:
@@ -198,6 +199,7 @@ class Pass(Dispatch):
             finally:
                 del error, data
         self.tally.wait_s += time.monotonic() - t0
+        self.tally.transfer_s += time.thread_time() - cpu0
         self.tally.batches += 1
         self._num_yielded += 1
         if self._len_reported is not None and self._num_yielded > self._len_reported:

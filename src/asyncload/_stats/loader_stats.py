@@ -9,6 +9,7 @@ process keeps the newest one per worker and merges them in ``merge``.
 from __future__ import annotations
 
 import collections
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -105,12 +106,32 @@ class LoaderStats:
     skipped: dict[str, int] = field(default_factory=dict)
     """Samples left out of their batch by ``sample_errors='skip'/'warn'``, by exception type."""
 
+    consumer_s: float = 0.0
+    """Seconds the training loop held the batches it was given (``elapsed_s - wait_s``): its
+    own work between ``next()`` calls."""
+    transfer_s: float = 0.0
+    """CPU seconds this process spent inside ``next()`` receiving batches (unpacking them from
+    shared memory, reordering), not waiting for them."""
+    worker_cpu_s: float = 0.0
+    """CPU seconds the workers used, summed: fetching, decoding, transforms, collating."""
+    cpu_lane_s: float = 0.0
+    """Of ``worker_cpu_s``, the seconds of the workers' CPU lanes (``asyncload.cpu`` calls,
+    ``decode_in_thread`` decoders)."""
+    bound_by: str = ""
+    """Which stage holds the pass back, from the figures above: ``"consumer"`` (the training
+    loop waited for data less than a tenth of the time: the loader keeps up), ``"transfer"``
+    (this process is busy receiving batches), ``"cpu"`` (the workers use the cores they have:
+    decoding and transforms; more workers only help with more cores, cheaper transforms do),
+    ``"storage"`` (the workers wait on the store: see ``concurrency``, ``throttled`` and the
+    latencies); ``""`` before the first batch."""
+
     def as_dict(self, prefix: str = "") -> dict[str, float]:
         """Flat numbers, one key per figure, for a metrics logger (TensorBoard's
         ``add_scalars``, W&B's ``log``, Lightning's ``log_dict``).
 
         Per-worker tuples become their sum (``in_flight``, ``concurrency``); dicts become one
-        key each (``retries/503``, ``errors/NotFound``, ``skipped/ValueError``, ``mixed/0``).
+        key each (``retries/503``, ``errors/NotFound``, ``skipped/ValueError``, ``mixed/0``);
+        ``bound_by`` becomes one key set to 1 (``bound_by/storage``).
 
         Args:
             prefix: Put before every key (e.g. ``"loader/"``).
@@ -123,7 +144,10 @@ class LoaderStats:
         out: dict[str, float] = {}
         for name in self.__dataclass_fields__:
             value = getattr(self, name)
-            if isinstance(value, dict):
+            if isinstance(value, str):  # a label: one key set to 1 (bound_by/cpu)
+                if value:
+                    out[f"{prefix}{name}/{value}"] = 1.0
+            elif isinstance(value, dict):
                 for key, n in sorted(value.items()):
                     out[f"{prefix}{name}/{key}"] = float(n)
             elif isinstance(value, tuple):
@@ -159,6 +183,7 @@ def merge(
     ended: float | None = None,
     head_wait_s: float = 0.0,
     skipped: dict[str, int] | None = None,
+    transfer_s: float = 0.0,
 ) -> LoaderStats:
     """Combine per-worker snapshots into one ``LoaderStats``.
 
@@ -175,6 +200,8 @@ def merge(
         errors.update(dict(snap.errors))
     samples = sum(s.samples for s in snapshots)
     nbytes = sum(s.bytes for s in snapshots)
+    worker_cpu_s = sum(s.cpu_s for s in snapshots)
+    consumer_s = max(0.0, elapsed - wait_s)
     return LoaderStats(
         elapsed_s=elapsed,
         samples=samples,
@@ -193,7 +220,50 @@ def merge(
         head_wait_s=head_wait_s,
         **_counted(snapshots),
         skipped=dict(skipped or {}),
+        consumer_s=consumer_s,
+        transfer_s=transfer_s,
+        worker_cpu_s=worker_cpu_s,
+        cpu_lane_s=sum(s.lane_s for s in snapshots),
+        bound_by=_bound_by(batches, elapsed, wait_s, transfer_s, worker_cpu_s, len(snapshots)),
     )
+
+
+# The training loop waited for data less than this share of the pass: the loader keeps up.
+_CONSUMER_BOUND = 0.1
+# The workers used at least this share of the cores they can use (one each: Python code holds
+# the GIL; decoders that release it on a CPU lane may use more): they are CPU-bound.
+_CPU_BOUND = 0.8
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def _bound_by(
+    batches: int,
+    elapsed: float,
+    wait_s: float,
+    transfer_s: float,
+    worker_cpu_s: float,
+    workers: int,
+) -> str:
+    """Which stage holds the pass back (``LoaderStats.bound_by``)."""
+    if batches == 0 or workers == 0:
+        return ""
+    if wait_s <= _CONSUMER_BOUND * elapsed:
+        return "consumer"
+    if transfer_s >= 0.5 * wait_s:
+        return "transfer"
+    cores = min(_cores(), workers)
+    # More workers than cores share them with this process: what it used is not theirs.
+    spare = transfer_s if workers >= _cores() else 0.0
+    capacity = max(elapsed * cores - spare, 1e-9)
+    if worker_cpu_s >= _CPU_BOUND * capacity:
+        return "cpu"
+    return "storage"
 
 
 # Counters noted by name (``_metrics.note_count``) that are fields of ``LoaderStats`` as they are.
@@ -233,6 +303,7 @@ class Tally:
         "live",
         "skipped",
         "started",
+        "transfer_s",
         "wait_s",
         "workers",
     )
@@ -243,6 +314,7 @@ class Tally:
         self.batches = 0
         self.wait_s = 0.0
         self.head_wait_s = 0.0
+        self.transfer_s = 0.0
         self.live = live
         self.workers: list[RecorderSnapshot | None] = [None] * num_workers
         self.skipped: collections.Counter[str] = collections.Counter()
@@ -263,4 +335,5 @@ class Tally:
             ended=self.ended,
             head_wait_s=self.head_wait_s,
             skipped=dict(self.skipped),
+            transfer_s=self.transfer_s,
         )

@@ -63,6 +63,11 @@ class RecorderSnapshot:
     """Samples the engine may have in flight now (its adaptive limit, or the fixed one)."""
     learned: object = None
     """What an adaptive limit learned (a ``_control.LimitState``), for the next pass's workers."""
+    cpu_s: float = 0.0
+    """CPU seconds the worker used this pass, all its threads (in a thread worker: its loop's
+    thread and its CPU lane's)."""
+    lane_s: float = 0.0
+    """Of those, the seconds its CPU lane's calls used (``asyncload.cpu``, lane decoders)."""
 
 
 @dataclass
@@ -78,6 +83,8 @@ class Recorder:
     counts: collections.Counter[str] = field(default_factory=collections.Counter)
     limit: int = 0
     learned: object = None
+    cpu_s: float = 0.0
+    lane_s: float = 0.0
     # The engine's in-flight limit, told of a throttle: (when the throttled attempt was sent,
     # the server's Retry-After). None outside an engine, or with a fixed limit.
     on_throttle: Callable[[float, float | None], None] | None = None
@@ -97,11 +104,14 @@ class Recorder:
             counts=tuple(sorted(self.counts.items())),
             limit=self.limit,
             learned=self.learned,
+            cpu_s=self.cpu_s,
+            lane_s=self.lane_s,
         )
 
     def reset(self) -> None:
         self.samples = self.bytes = self.in_flight = 0
         self.learned = None
+        self.cpu_s = self.lane_s = 0.0
         self.latency_hist = [0] * _NUM_BUCKETS
         self.retries.clear()
         self.errors.clear()
