@@ -226,3 +226,19 @@ def test_the_next_pass_starts_where_the_last_ones_workers_got_to() -> None:
     started_at = loader.stats().concurrency
     assert min(started_at) > 16, (got_to, started_at)
     del it
+
+
+@pytest.mark.timeout(10)
+def test_a_slot_given_back_unused_teaches_nothing() -> None:
+    async def main() -> None:
+        slots = Slots(None, initial=4)
+        granted = await slots.acquire()
+        slots.release()  # taken, then nothing was in line for it
+        assert slots.handoff(await slots.acquire(), None) is not None  # a cancelled sample
+        slots.release(granted, False)
+        c = slots.controller
+        assert c is not None
+        stats = c.stats()
+        assert (stats.in_flight, stats.requests, stats.failed) == (0, 1, 1)
+
+    asyncio.run(main())

@@ -396,6 +396,11 @@ class LimitController:
         if len(self._epoch_latencies) >= needed:
             self._end_epoch(now)
 
+    def returned(self) -> None:
+        """A slot ``started`` but never used (nothing was sent, or it was cancelled before an
+        answer): it is free again, and there is no answer to learn from."""
+        self._in_flight = max(0, self._in_flight - 1)
+
     def throttled(self, now: float, sent: float, retry_after: float | None = None) -> None:
         """A request sent at *sent* was told "too many" at *now* and is being retried: it
         stays in flight (its final answer comes through ``finished``), but the limit is cut

@@ -81,6 +81,11 @@ class AdaptiveLimiter:
         self.controller.finished(self._now(), outcome, latency, retry_after)
         self.wake()
 
+    def returned(self) -> None:
+        """A slot ``acquire`` granted was not used (see ``LimitController.returned``)."""
+        self.controller.returned()
+        self.wake()
+
     @property
     def waiting(self) -> bool:
         """Whether requests wait for a slot."""

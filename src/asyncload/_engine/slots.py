@@ -134,13 +134,15 @@ class Slots:
 
     def release(self, granted: float | None = None, ok: bool | None = None) -> None:
         """Give a slot back. *granted* and *ok* tell an adaptive limit the sample's latency
-        and outcome (``ok=None``: it was not fetched, or its outcome says nothing)."""
+        and outcome (``ok=None``: it was not fetched, or was cancelled: nothing to learn)."""
         if self._fixed is not None:
             self._fixed.release()
             return
         assert self._limiter is not None
-        latency, outcome = self._outcome(granted, ok)
-        self._limiter.release(outcome, latency)
+        if granted is None or ok is None:
+            self._limiter.returned()  # nothing to learn from
+            return
+        self._limiter.release(Outcome.OK if ok else Outcome.FAILED, time.monotonic() - granted)
 
     def handoff(self, granted: float, ok: bool | None) -> float | None:
         """The holder of a slot finished a sample (granted at *granted*): may it take the next
@@ -149,10 +151,12 @@ class Slots:
         if self._fixed is not None:
             return time.monotonic()
         assert self._limiter is not None
-        latency, outcome = self._outcome(granted, ok)
         c = self._limiter.controller
         now = time.monotonic()
-        c.finished(now, outcome, latency)
+        if ok is None:
+            c.returned()
+        else:
+            c.finished(now, Outcome.OK if ok else Outcome.FAILED, now - granted)
         if c.in_flight < c.limit and not self._limiter.waiting:
             c.started(now)
             return now
@@ -163,9 +167,3 @@ class Slots:
         """A storage attempt sent at *sent* was told "too many" (``Recorder.on_throttle``)."""
         if self._limiter is not None:
             self._limiter.throttled(sent, retry_after)
-
-    @staticmethod
-    def _outcome(granted: float | None, ok: bool | None) -> tuple[float, Outcome]:
-        if granted is None or ok is None:
-            return 0.0, Outcome.FAILED  # says nothing about queueing (see Outcome.FAILED)
-        return time.monotonic() - granted, Outcome.OK if ok else Outcome.FAILED
