@@ -89,8 +89,9 @@ class RemoteFiles(Dataset[Any]):
         >>> def decode(data):
         ...     return Image.open(io.BytesIO(data)).convert("RGB")
         >>> ds = asyncload.RemoteFiles.from_prefix(
-        ...     "s3://bucket/train/", decode=decode, decode_in_thread=True
+        ...     "s3://bucket/train/", decode=decode
         ... )  # doctest: +SKIP
+        >>> # One worker per core, decoding inline: the fastest when the CPU is the limit.
         >>> loader = asyncload.DataLoader(ds, batch_size=64, num_workers=4)  # doctest: +SKIP
     """
 
