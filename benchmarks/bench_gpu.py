@@ -212,6 +212,10 @@ def run_loader(
     return result
 
 
+# Loader settings from the command line (--max-concurrency, --decode-in-thread).
+OPTIONS: dict[str, Any] = {}
+
+
 def asyncload_rows(
     trainer: Trainer, dataset: Any, workers: int, shape: tuple[int, ...]
 ) -> dict[str, dict[str, float]]:
@@ -224,6 +228,7 @@ def asyncload_rows(
             num_workers=workers,
             pin_memory=pin,
             persistent_workers=True,
+            max_concurrency=OPTIONS.get("max_concurrency"),
         )
         rows[f"asyncload.DataLoader, pin_memory={pin}"] = run_loader(trainer, loader, pin, shape)
         del loader
@@ -303,7 +308,11 @@ def run_jpeg(
     latency = f"{LATENCY * 1000:g}"
     with CorpusServer([folder]) as server:
         urls = bench_pipeline._urls("http", server.base_url, "images", latency, n)
-        dataset = asyncload.RemoteFiles(urls, decode=bench_pipeline.decode_image)
+        dataset = asyncload.RemoteFiles(
+            urls,
+            decode=bench_pipeline.decode_image,
+            decode_in_thread=OPTIONS.get("decode_in_thread", False),
+        )
         rows |= asyncload_rows(trainer, dataset, workers, JPEG_SHAPE)
         host, port = server.base_url.removeprefix("http://").split(":")
         prefix = f"/{BUCKET}/{bench_pipeline.CORPUS_ID['images']}/{latency}"
@@ -326,8 +335,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--allow-cpu", action="store_true", help="without CUDA, run on the CPU (a smoke test)"
     )
+    parser.add_argument(
+        "--max-concurrency", type=int, default=None, help="asyncload rows (default: automatic)"
+    )
+    parser.add_argument(
+        "--decode-in-thread", action="store_true", help="jpeg: decode on the workers' CPU lanes"
+    )
     parser.add_argument("--serve", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    OPTIONS.update(max_concurrency=args.max_concurrency, decode_in_thread=args.decode_in_thread)
     if args.serve:  # the jpeg pipeline's file server (CorpusServer), in its own process
         bench_pipeline._serve_files(args.serve)
         return 0

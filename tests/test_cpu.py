@@ -209,3 +209,19 @@ def test_lane_decodes_are_exactly_once_out_of_order_and_their_errors_skipped(
     got = [x for batch in loader for x in batch]
     assert sorted(got) == [i for i in range(n) if i % 10 != 3]
     assert loader.stats().skipped == {"ValueError": 8}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("cpu_threads", "on_lane"), [(1, False), (2, True)])
+def test_by_default_decoders_go_to_the_lane_only_where_a_worker_has_two_cores(
+    http_server: ObjectServer, cpu_threads: int, on_lane: bool
+) -> None:
+    # Measured: inline is faster at one core per worker, the lane at two or more.
+    urls = [http_server.put(f"a/{i}", i.to_bytes(4, "big")) for i in range(16)]
+    dataset = asyncload.RemoteFiles(urls, decode=slow_decode)  # decode_in_thread left unset
+    loader = asyncload.DataLoader(
+        dataset, batch_size=8, num_workers=1, cpu_threads=cpu_threads, collate_fn=list
+    )
+    got = [x for batch in loader for x in batch]
+    assert [i for i, _, _ in got] == list(range(16))
+    assert {"-cpu-" in where for _, _, where in got} == {on_lane}

@@ -61,7 +61,8 @@ class RemoteFiles(Dataset[Any]):
     ``az://``, ``file://``, plain paths). ``decode`` runs in the worker process; with
     ``decode_in_thread=True`` it runs on the worker's CPU lane (see
     [`asyncload.cpu`][asyncload.cpu]), so a CPU-heavy decoder (JPEG, audio) does not stop the
-    event loop from fetching the next samples meanwhile.
+    event loop from fetching the next samples meanwhile; by default it does where the worker
+    has more than one core to itself, and decodes inline where it has one (faster there).
 
     **Labels from paths.** A ``decode`` with a parameter named ``url`` and/or ``index`` gets the
     sample's URL and/or index by keyword, besides the bytes; the signature is read once. So an
@@ -78,7 +79,10 @@ class RemoteFiles(Dataset[Any]):
             either keyword (see above); the raw ``bytes`` when ``None``. Must be picklable (a
             module-level function) to reach ``forkserver``/``spawn`` workers.
         decode_in_thread: Run ``decode`` with [`asyncload.cpu`][asyncload.cpu]: on the
-            worker's CPU lane, as many at once as its share of the cores, the head batch first.
+            worker's CPU lane, as many at once as its share of the cores, the head batch first
+            (``True``), or inline on the event loop (``False``). ``None`` (default): on the
+            lane where the worker has two cores or more to itself (``cpu_threads``), inline
+            where it has one: measured, each is the faster there.
         storage_options: ``{prefix: StorageOptions or dict}`` applied with
             [`asyncload.configure_all`][asyncload.configure_all] in each process that reads from
             this dataset.
@@ -100,7 +104,7 @@ class RemoteFiles(Dataset[Any]):
         urls: Iterable[str] | npt.NDArray[Any],
         *,
         decode: Callable[..., Any] | None = None,
-        decode_in_thread: bool = False,
+        decode_in_thread: bool | None = None,
         storage_options: Mapping[str, StorageOptions | Mapping[str, Any]] | None = None,
     ) -> None:
         if isinstance(urls, (str, bytes)):
@@ -120,7 +124,7 @@ class RemoteFiles(Dataset[Any]):
         prefix_url: str,
         *,
         decode: Callable[..., Any] | None = None,
-        decode_in_thread: bool = False,
+        decode_in_thread: bool | None = None,
         storage_options: Mapping[str, StorageOptions | Mapping[str, Any]] | None = None,
     ) -> RemoteFiles:
         """A dataset over every object under *prefix_url*, in sorted URL order.
@@ -173,7 +177,8 @@ class RemoteFiles(Dataset[Any]):
         if wanted:
             given = {"url": url, "index": int(index)}
             decode = functools.partial(decode, **{k: given[k] for k in wanted})
-        if self.decode_in_thread:
+        in_thread = self.decode_in_thread
+        if in_thread or (in_thread is None and _cpu.lane_pays()):
             return await _cpu.cpu(decode, data)
         return decode(data)
 

@@ -26,6 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .._checkpoint.elastic_iter import Tag, UnitPlan
+from .._dataset import cpu as _cpu
 from .._dataset.base import IterableDataset
 from .._dataset.sharding import get_worker_info, rank_and_world_size
 from .._exceptions import ArchiveError, AsyncloadWarning
@@ -100,7 +101,9 @@ class TarShards(IterableDataset[Sample]):
             the whole sample.
         decode_in_thread: Run decoders on the worker's CPU lane (see
             [`asyncload.cpu`][asyncload.cpu]), several samples at once, so CPU-heavy decoding
-            (images, audio) overlaps with streaming.
+            (images, audio) overlaps with streaming (``True``), or inline (``False``). ``None``
+            (default): on the lane where the worker has two cores or more to itself, inline
+            where it has one.
         shards_in_flight: Shards each reader interleaves at once.
         handler: What a corrupt shard, an unsafe member or a failing decoder does: ``"raise"``
             (default), ``"warn"`` (an [`AsyncloadWarning`][asyncload.AsyncloadWarning], then
@@ -135,7 +138,7 @@ class TarShards(IterableDataset[Sample]):
         shuffle_buffer: int = 0,
         seed: int = 0,
         decoders: Decoders = None,
-        decode_in_thread: bool = False,
+        decode_in_thread: bool | None = None,
         shards_in_flight: int = 4,
         handler: Handler = "raise",
         allow_pickle: bool = False,
@@ -296,7 +299,8 @@ class TarShards(IterableDataset[Sample]):
         decode: Callable[[Any], Any] = self._decode_tagged if tagged else self._decode_or_handle
         async with aclosing(stream) as raw:
             seen = 0
-            if self.decode_in_thread:
+            in_thread = self.decode_in_thread
+            if in_thread or (in_thread is None and _cpu.lane_pays()):
                 async for sample in decode_in_pool(raw, skip, decode):
                     yield sample
                 return
