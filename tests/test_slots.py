@@ -17,7 +17,13 @@ import pytest
 import asyncload
 from asyncload._control import LimitState
 from asyncload._engine import Engine, WorkerConfig
-from asyncload._engine.slots import AUTO_CEILING, Slots, initial_limit, most_in_flight
+from asyncload._engine.slots import (
+    AUTO_CEILING,
+    LOADER_CEILING,
+    Slots,
+    initial_limit,
+    most_in_flight,
+)
 from asyncload._protocol.messages import IndexTask, PassStarted, Result, Shutdown
 from asyncload._stats import recorder as _metrics
 
@@ -177,8 +183,10 @@ def test_a_slot_is_handed_on_only_while_the_limit_allows() -> None:
 
 @pytest.mark.timeout(10)
 def test_sizes_follow_the_setting() -> None:
-    assert most_in_flight(None) == AUTO_CEILING
-    assert most_in_flight(32) == 32
+    assert most_in_flight(None, 1) == most_in_flight(None, 2) == AUTO_CEILING
+    assert most_in_flight(None, 8) == LOADER_CEILING // 8  # a loader's share, each
+    assert most_in_flight(None, 64) == 64  # never under a useful minimum
+    assert most_in_flight(32, 8) == 32  # an explicit value is the value
     assert initial_limit(None) == 8
     assert initial_limit(64) == 64
     assert initial_limit(10_000) == AUTO_CEILING // 4

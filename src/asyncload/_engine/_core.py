@@ -25,7 +25,7 @@ from .._dataset.base import batch_fetcher_for, fetcher_for
 from .._dataset.sample_errors import SkippedSample
 from .._protocol.messages import Failure, IndexTask, IterTask, RemoteError, Result
 from .._stats import recorder as _metrics
-from .slots import Slots, initial_limit
+from .slots import Slots, auto_ceiling, initial_limit
 
 __all__ = ["EngineCore", "WorkerConfig"]
 
@@ -99,7 +99,10 @@ class EngineCore:
         )
         self._generation = 0
         self._sem = Slots(
-            cfg.max_concurrency, initial=initial_limit(cfg.batch_size), learned=cfg.learned_limit
+            cfg.max_concurrency,
+            initial=initial_limit(cfg.batch_size),
+            learned=cfg.learned_limit,
+            ceiling=auto_ceiling(cfg.num_workers),
         )
         # A storage attempt told "too many" cuts the adaptive limit at once (slots.py).
         self.recorder.on_throttle = self._sem.throttled

@@ -32,7 +32,9 @@ class IterFetching(EngineCore):
         A pump runs ahead of the requests by up to ``max_concurrency`` items; items that are
         awaitables are started immediately, so their fetches overlap, and taken in order.
         """
-        ahead: asyncio.Queue[Any] = asyncio.Queue(maxsize=most_in_flight(self.cfg.max_concurrency))
+        ahead: asyncio.Queue[Any] = asyncio.Queue(
+            maxsize=most_in_flight(self.cfg.max_concurrency, self.cfg.num_workers)
+        )
         end = object()
         skip, self._skip = self._skip, 0
         plan, self._plan = self._plan, None

@@ -17,8 +17,8 @@ answers say (issue #33):
 * a sample that fails is neither goodput nor a latency sample.
 
 The limit starts at ``initial`` (a batch's worth, at least 8) or where the last pass's workers
-got to (``learned``), and never exceeds ``AUTO_CEILING``. Which samples are fetched, and in
-which batches, does not depend on it: only when.
+got to (``learned``), and never exceeds ``auto_ceiling``: 512 per worker, 1,024 per loader.
+Which samples are fetched, and in which batches, does not depend on it: only when.
 """
 
 from __future__ import annotations
@@ -34,16 +34,34 @@ from .._control import (
     Outcome,
 )
 
-__all__ = ["AUTO_CEILING", "Slots", "initial_limit", "learned_from", "most_in_flight"]
+__all__ = [
+    "AUTO_CEILING",
+    "LOADER_CEILING",
+    "Slots",
+    "auto_ceiling",
+    "initial_limit",
+    "learned_from",
+    "most_in_flight",
+]
 
 AUTO_CEILING = 512
-"""The most samples one worker may have in flight with ``max_concurrency=None``: what its
-connection pool, thread pool and look-ahead window are sized for."""
+"""The most samples one worker may have in flight with ``max_concurrency=None``."""
+LOADER_CEILING = 1024
+"""... and all the workers of a loader together, so that each of many workers gets a share
+(at least ``MIN_CEILING``): 8 workers reaching 512 each asked one loopback host for 4,096
+samples at once, a whole epoch of ``bench_gpu``, and trained 0.62 of the GPU's ceiling where a
+fixed 128 each trained 0.71 (H200, 2026-11-26)."""
+MIN_CEILING = 64
 
 
-def most_in_flight(max_concurrency: int | None) -> int:
+def auto_ceiling(num_workers: int) -> int:
+    """The most samples one of *num_workers* workers may have in flight by default."""
+    return max(MIN_CEILING, min(AUTO_CEILING, LOADER_CEILING // max(1, num_workers)))
+
+
+def most_in_flight(max_concurrency: int | None, num_workers: int) -> int:
     """The most samples a worker may have in flight: what its pools are sized for."""
-    return AUTO_CEILING if max_concurrency is None else max_concurrency
+    return auto_ceiling(num_workers) if max_concurrency is None else max_concurrency
 
 
 def learned_from(states: list[object], workers: int) -> LimitState | None:
@@ -82,21 +100,25 @@ class Slots:
         (2, 16)
     """
 
-    __slots__ = ("_fixed", "_limiter", "cap")
+    __slots__ = ("_ceiling", "_fixed", "_limiter", "cap")
 
     def __init__(
-        self, cap: int | None, *, initial: int = 8, learned: LimitState | None = None
+        self,
+        cap: int | None,
+        *,
+        initial: int = 8,
+        learned: LimitState | None = None,
+        ceiling: int = AUTO_CEILING,
     ) -> None:
         self.cap = cap
+        self._ceiling = ceiling
         self._fixed: asyncio.Semaphore | None = None
         self._limiter: AdaptiveLimiter | None = None
         if cap is not None:
             self._fixed = asyncio.Semaphore(cap)
         else:
-            config = ControlConfig(initial=min(max(initial, 1), AUTO_CEILING))
-            controller = LimitController(
-                config, cap=AUTO_CEILING, learned=learned, now=time.monotonic()
-            )
+            config = ControlConfig(initial=min(max(initial, 1), ceiling))
+            controller = LimitController(config, cap=ceiling, learned=learned, now=time.monotonic())
             # time.monotonic, not the loop's clock: storage notes a throttle's send time with it.
             self._limiter = AdaptiveLimiter(controller, clock=time.monotonic)
 
@@ -104,7 +126,7 @@ class Slots:
         """Slots for a new pass: all free; an adaptive limit starts where this one got to."""
         if self._limiter is None:
             return Slots(self.cap)
-        return Slots(None, learned=self._limiter.controller.export())
+        return Slots(None, learned=self._limiter.controller.export(), ceiling=self._ceiling)
 
     @property
     def adaptive(self) -> bool:

@@ -57,7 +57,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
     Args:
         max_concurrency: Samples in flight per worker (keyword-only). ``None`` or ``"auto"``
             (default):
-            each worker finds its own limit while it reads, up to 512: it grows while samples
+            each worker finds its own limit while it reads, up to 512 (and 1,024 for all the
+            workers together, 64 each at least): it grows while samples
             come back as fast, shrinks when their latency rises without more coming back (the
             store queues them, or the worker's CPU is the bottleneck), and is cut at once when
             the store says "too many" (``503 SlowDown``, ``429``, ``Retry-After``), whose
@@ -223,7 +224,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
         self._outstanding_per_worker = (
             prefetch_factor
             if prefetch_factor is not None
-            else math.ceil(most_in_flight(max_concurrency) / per_batch) + 1
+            else math.ceil(most_in_flight(max_concurrency, self.num_workers) / per_batch) + 1
         )
         self._tally: _stats.Tally | None = None
         self._persistent_pass: Pass | None = None
@@ -244,7 +245,9 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
             if early is not None:
                 start_early(early, fork=self.multiprocessing_context is None)
                 self._standby.prepare(
-                    early, self.num_workers, max_concurrency=most_in_flight(self.max_concurrency)
+                    early,
+                    self.num_workers,
+                    max_concurrency=most_in_flight(self.max_concurrency, self.num_workers),
                 )
 
     def _spec(self) -> PassSpec:

@@ -147,7 +147,7 @@ def worker_main(sent: Any, index_queue: Any, result_queue: Any, done_event: Any)
     _parent_watch.watch_parent(cfg.main_pid)
     torch.set_num_threads(1)
     # Before worker_init_fn: the user's settings win.
-    _tuning.tune_worker(most_in_flight(cfg.max_concurrency))
+    _tuning.tune_worker(most_in_flight(cfg.max_concurrency, cfg.num_workers))
     where = f"in DataLoader worker {cfg.worker_id} (pid {os.getpid()})"
     _reseed(cfg.base_seed + cfg.worker_id, cfg.worker_id)
     _install_worker_info(cfg)
@@ -171,7 +171,7 @@ def worker_main(sent: Any, index_queue: Any, result_queue: Any, done_event: Any)
     try:
         _storage.import_config(
             cfg.storage_config,
-            pool_size=most_in_flight(cfg.max_concurrency),
+            pool_size=most_in_flight(cfg.max_concurrency, cfg.num_workers),
             sharers=cfg.num_workers,
         )
         if cfg.worker_init_fn is not None:
@@ -251,7 +251,7 @@ def run_engine(
     its thread pool released however the engine ends.
     """
     loop = new_event_loop()
-    threads = min(32, most_in_flight(cfg.max_concurrency))
+    threads = min(32, most_in_flight(cfg.max_concurrency, cfg.num_workers))
     pool = _ContextPool(max_workers=threads, thread_name_prefix=thread_prefix)
     loop.set_default_executor(pool)
     asyncio.set_event_loop(loop)

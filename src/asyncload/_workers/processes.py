@@ -85,7 +85,9 @@ class ProcessWorkers:
     ) -> None:
         # Every field close() touches is set before anything can fail.
         self.count = len(configs)
-        self._max_concurrency = most_in_flight(configs[0].max_concurrency) if configs else 0
+        self._max_concurrency = (
+            most_in_flight(configs[0].max_concurrency, len(configs)) if configs else 0
+        )
         self.live_stats: Callable[[], RecorderSnapshot] | None = None  # they ride on replies
         self._closed = False
         self._answered = self._next_wanted = False  # prepare_next()

@@ -37,7 +37,9 @@ class ThreadWorkers:
         self._pin_device = pin_device
         self._closed = False
         # The loop thread's HTTP pool must admit max_concurrency requests, as a worker's does.
-        _storage.set_pool_size(max(_storage.pool_size(), most_in_flight(cfg.max_concurrency)))
+        _storage.set_pool_size(
+            max(_storage.pool_size(), most_in_flight(cfg.max_concurrency, cfg.num_workers))
+        )
         self._worker = ThreadWorker(cfg, recorder)
 
     @property
