@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import concurrent.futures.thread as _futures_thread
 import contextvars
+import functools
 import gc
+import inspect
 import os
 import pickle
 import queue
@@ -289,13 +292,41 @@ async def _make_engine(
     return Engine(cfg, put, where, recorder)  # created inside the loop: its primitives bind to it
 
 
+# ThreadPoolExecutor's work item as 3.10-3.13 build it (future, fn, args, kwargs); 3.14 changed
+# it, and there _ContextPool falls back to the stock submit.
+_WORK_ITEM_ARGS = ("future", "fn", "args", "kwargs")
+_OWN_SUBMIT = tuple(inspect.signature(_futures_thread._WorkItem).parameters) == _WORK_ITEM_ARGS
+
+
 class _ContextPool(concurrent.futures.ThreadPoolExecutor):
     """The loop's default executor: runs each call in the context it was submitted from, as
     ``asyncio.to_thread`` does, so a sync ``__getitem__``'s storage reads count for the engine
-    that ran it (``_metrics.current()``)."""
+    that ran it (``_metrics.current()``).
+
+    Its ``submit`` does not take ``concurrent.futures``' process-wide shutdown lock, which the
+    stock one holds while it starts a new thread. A thread start can wait on threading's own
+    lock, held by a thread that a garbage collection caught inside ``Thread.start`` (running
+    finalizers there); every engine loop of the process that submitted meanwhile then waited on
+    the shared lock, and so did the interpreter's exit (``tests/_scripts/finalizers.py`` hung so
+    under load: dozens of loop threads stuck in ``submit``). With a lock of its own, one pool
+    waits at worst, and exit does not.
+    """
 
     def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
-        return super().submit(contextvars.copy_context().run, fn, *args, **kwargs)
+        call = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
+        if not _OWN_SUBMIT:
+            return super().submit(call)
+        if _futures_thread._shutdown:  # read without its lock: a flag that only turns on
+            raise RuntimeError("cannot schedule new futures after interpreter shutdown")
+        with self._shutdown_lock:
+            if self._broken:
+                raise _futures_thread.BrokenThreadPool(self._broken)
+            if self._shutdown:
+                raise RuntimeError("cannot schedule new futures after shutdown")
+            future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+            self._work_queue.put(_futures_thread._WorkItem(future, call, (), {}))
+            self._adjust_thread_count()  # the stock helper: starts a thread if none is idle
+        return future
 
 
 def _finish_queue(result_queue: Any, abandoned: bool) -> None:
