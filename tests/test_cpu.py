@@ -43,10 +43,16 @@ def test_a_lane_never_runs_more_than_its_size() -> None:
 @pytest.mark.timeout(20)
 def test_a_lane_runs_the_lowest_batch_first_then_in_order() -> None:
     lane = _cpu.CpuLane(1, name="test-cpu")
-    gate = threading.Event()
+    gate, holding = threading.Event(), threading.Event()
     ran: list[tuple[int, int]] = []
+
+    def hold() -> None:
+        holding.set()
+        gate.wait(10)
+
     try:
-        blocker = lane.submit(gate.wait, 10)  # holds the one thread while the rest queue
+        blocker = lane.submit(hold)  # holds the one thread while the rest queue
+        assert holding.wait(10)
         futures = []
         for seq, batch in enumerate([5, 1, 3, 1, 0, 5]):
             ctx = contextvars.copy_context()
@@ -75,7 +81,7 @@ def test_cpu_outside_a_worker_runs_in_the_default_executor() -> None:
 
 class _Decoding(asyncload.Dataset[int]):
     """Each sample waits a seeded random while (its I/O), then does its CPU work on the lane;
-    the lane's first call holds it 0.1 s, so that every other sample queues behind it."""
+    the lane's first call holds it until every other sample's work queues behind it."""
 
     def __init__(self, n: int) -> None:
         self.n = n
@@ -86,9 +92,13 @@ class _Decoding(asyncload.Dataset[int]):
         return self.n
 
     def _work(self, index: int) -> int:
-        if self.first:
+        if self.first:  # hold the lane until every other sample's work waits on it
             self.first = False
-            time.sleep(0.1)
+            lane = _cpu.current()
+            assert lane is not None
+            deadline = time.monotonic() + 10
+            while len(lane._work) < self.n - 1 and time.monotonic() < deadline:
+                time.sleep(0.005)
         self.ran.append(index // 4)
         return index
 
