@@ -1,5 +1,6 @@
 """Smoke tests: ``benchmarks/bench_loader.py``, ``bench_tails.py``, ``bench_cache.py``,
-``bench_wholerun.py`` and ``bench_pipeline.py`` with ``--quick`` run and print their tables.
+``bench_wholerun.py``, ``bench_pipeline.py`` and ``bench_autotune.py`` with ``--quick`` run and
+print their tables.
 
 Only that it runs: speed depends on whatever else the machine is doing, so no numbers are
 checked here.
@@ -143,3 +144,16 @@ def test_bench_pipeline_quick_prints_its_tables() -> None:
     for target in ("asyncload local / torch local >= 1.1", "http 50 ms / ceiling >= 0.85"):
         assert f"target (images): {target}" in text, text
         assert f"target (text): {target}" in text, text
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+def test_bench_autotune_quick_prints_the_throttling_store() -> None:
+    # (c): two loaders of 2 workers on a 2,000 GETs/s store. Whatever the speed, the default
+    # reads every object once and fails nothing (a fixed 128 may fail: printed, not raised).
+    text = _run_quick("bench_autotune.py", "--scenarios", "c", timeout=80)
+    default = [line for line in text.splitlines() if line.startswith("| default |")]
+    assert len(default) == 1, text
+    assert "| all once | no |" in default[0], text
+    assert [line for line in text.splitlines() if line.startswith("| 128 |")], text
+    assert "target (c): default goodput" in text, text
