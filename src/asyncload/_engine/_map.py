@@ -107,7 +107,6 @@ class MapFetching(EngineCore):
         held = True  # this task holds a slot (granted at `granted`)
         try:
             while item is not None:
-                ok = None
                 ok = await self._fetch_one(*item)
                 item = self._next_in_line()
                 if item is None:
