@@ -44,6 +44,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import TypeVar
 
 __all__ = ["ObjectServerProcess", "object_bytes"]
 
@@ -356,6 +357,9 @@ def _serve(host: str, port: int, pushback: _Pushback | None = None) -> None:
         uvloop.run(main())
 
 
+_P = TypeVar("_P", bound="ObjectServerProcess")
+
+
 class ObjectServerProcess:
     """Starts ``_server.py`` as a child process on an ephemeral loopback port.
 
@@ -421,19 +425,27 @@ class ObjectServerProcess:
         with urllib.request.urlopen(f"{self.base_url}/throttled", timeout=10) as resp:
             return int(resp.read())
 
-    def start(self) -> ObjectServerProcess:
+    # Seconds a server may take to print its port (subclasses whose server imports more wait
+    # longer).
+    start_timeout = 30.0
+
+    def command(self) -> list[str]:
+        """The server's command line; subclasses that serve something else say theirs."""
+        return [sys.executable, str(Path(__file__).resolve()), "--host", self.host, *self._args]
+
+    def start(self: _P) -> _P:
         self._proc = subprocess.Popen(
-            [sys.executable, str(Path(__file__).resolve()), "--host", self.host, *self._args],
+            self.command(),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
         assert self._proc.stdout is not None
         # Bounded: a server that fails to start must not hang the benchmark.
-        line = _readline_with_timeout(self._proc, 30.0)
+        line = _readline_with_timeout(self._proc, self.start_timeout)
         if not line.startswith(b"PORT "):
             self.stop()
-            raise RuntimeError(f"benchmark server did not start (said {line!r})")
+            raise RuntimeError(f"{type(self).__name__} did not start (said {line!r})")
         self.port = int(line.split()[1])
         return self
 
@@ -451,7 +463,7 @@ class ObjectServerProcess:
         if proc.stdout is not None:
             proc.stdout.close()
 
-    def __enter__(self) -> ObjectServerProcess:
+    def __enter__(self: _P) -> _P:
         return self.start()
 
     def __exit__(

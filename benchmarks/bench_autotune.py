@@ -210,19 +210,10 @@ class Store(ObjectServerProcess):
         if files is not None:
             self._args += ["--files", str(files)]
 
-    def start(self) -> Store:
-        self._proc = subprocess.Popen(
-            [sys.executable, str(Path(__file__).resolve()), "--serve", *self._args],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-        line = _server._readline_with_timeout(self._proc, 60.0)
-        if not line.startswith(b"PORT "):
-            self.stop()
-            raise RuntimeError(f"store did not start (said {line!r})")
-        self.port = int(line.split()[1])
-        return self
+    start_timeout = 60.0
+
+    def command(self) -> list[str]:
+        return [sys.executable, str(Path(__file__).resolve()), "--serve", *self._args]
 
     def peak(self) -> int:
         """Most object requests held at once since the last call (a blocking GET /peak)."""

@@ -43,8 +43,6 @@ one core (a bound on what the workers can feed) and, on CUDA, issue 32's target 
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -64,7 +62,6 @@ except ImportError:
     _psutil = sys.modules["psutil"] = types.ModuleType("psutil")
     _psutil.Error = OSError  # type: ignore[attr-defined]
 
-import _server
 import bench_pipeline
 import torch
 import torch.utils.data
@@ -273,19 +270,10 @@ class CorpusServer(bench_pipeline.FileServerProcess):
     """``bench_pipeline``'s file server, started as this script's ``--serve`` (which has the
     psutil fallback above: ``bench_pipeline.py --serve`` needs psutil installed)."""
 
-    def start(self) -> CorpusServer:
-        self._proc = subprocess.Popen(
-            [sys.executable, __file__, "--serve", *map(str, self.folders)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-        line = _server._readline_with_timeout(self._proc, 120.0)  # it imports torch first
-        if not line.startswith(b"PORT "):
-            self.stop()
-            raise RuntimeError(f"file server did not start (said {line!r})")
-        self.port = int(line.split()[1])
-        return self
+    start_timeout = 120.0  # it imports torch first
+
+    def command(self) -> list[str]:
+        return [sys.executable, __file__, "--serve", *map(str, self.folders)]
 
 
 def run_jpeg(

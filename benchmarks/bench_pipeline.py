@@ -569,20 +569,10 @@ class FileServerProcess(_server.ObjectServerProcess):
         super().__init__()
         self.folders = folders
 
-    def start(self) -> FileServerProcess:
-        cmd = [sys.executable, __file__, "--serve", *map(str, self.folders)]
-        self._proc = subprocess.Popen(
-            cmd,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-        line = _server._readline_with_timeout(self._proc, 60.0)
-        if not line.startswith(b"PORT "):
-            self.stop()
-            raise RuntimeError(f"file server did not start (said {line!r})")
-        self.port = int(line.split()[1])
-        return self
+    start_timeout = 60.0
+
+    def command(self) -> list[str]:
+        return [sys.executable, __file__, "--serve", *map(str, self.folders)]
 
     def cpu(self) -> float:
         import psutil
