@@ -12,6 +12,30 @@ import numpy as np
 import torch
 
 import asyncload
+from asyncload._engine import WorkerConfig
+
+
+def worker_config(dataset: Any, **changes: Any) -> WorkerConfig:
+    """What an engine run in the test's own process gets: worker 0 of 1, batches of 3 collated
+    with ``list``, 4 samples in flight; *changes* replace any field."""
+    fields: dict[str, Any] = {
+        "worker_id": 0,
+        "num_workers": 1,
+        "base_seed": 0,
+        "dataset": dataset,
+        "is_iterable": False,
+        "auto_collation": True,
+        "batch_size": 3,
+        "drop_last": False,
+        "collate_fn": list,
+        "worker_init_fn": None,
+        "max_concurrency": 4,
+        "rank": 0,
+        "world_size": 1,
+        "storage_config": None,
+        "main_pid": 0,
+    }
+    return WorkerConfig(**(fields | changes))
 
 
 def put_numbers(server: Any, n: int) -> str:

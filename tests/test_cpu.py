@@ -16,9 +16,10 @@ import pytest
 
 import asyncload
 from asyncload._dataset import cpu as _cpu
-from asyncload._engine import Engine, WorkerConfig
+from asyncload._engine import Engine
 from asyncload._protocol.messages import IndexTask, PassStarted, Result, Shutdown
 
+from ._datasets import worker_config
 from ._http_server import ObjectServer
 
 pytestmark = pytest.mark.usefixtures("clean_storage")
@@ -110,12 +111,7 @@ class _Decoding(asyncload.Dataset[int]):
 @pytest.mark.timeout(30)
 def test_the_head_batchs_cpu_work_runs_before_later_batches() -> None:
     ds = _Decoding(40)
-    cfg = WorkerConfig(
-        worker_id=0, num_workers=1, base_seed=0, dataset=ds, is_iterable=False,
-        auto_collation=True, batch_size=4, drop_last=False, collate_fn=list,
-        worker_init_fn=None, max_concurrency=64, rank=0, world_size=1, storage_config=None,
-        main_pid=0,
-    )  # fmt: skip
+    cfg = worker_config(ds, batch_size=4, max_concurrency=64)
 
     async def main() -> list[Any]:
         out: list[Any] = []

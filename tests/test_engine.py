@@ -32,6 +32,8 @@ from asyncload._protocol.messages import (
 )
 from asyncload._stats import recorder as _metrics
 
+from ._datasets import worker_config
+
 
 class Jittery(asyncload.Dataset[int]):
     """Index *i* returns *i* after a seeded random sleep; counts the fetches in flight."""
@@ -67,23 +69,7 @@ class Counting(asyncload.IterableDataset[int]):
 
 
 def _config(dataset: Any, *, iterable: bool = False, max_concurrency: int = 4) -> WorkerConfig:
-    return WorkerConfig(
-        worker_id=0,
-        num_workers=1,
-        base_seed=0,
-        dataset=dataset,
-        is_iterable=iterable,
-        auto_collation=True,
-        batch_size=3,
-        drop_last=False,
-        collate_fn=list,
-        worker_init_fn=None,
-        max_concurrency=max_concurrency,
-        rank=0,
-        world_size=1,
-        storage_config=None,
-        main_pid=0,
-    )
+    return worker_config(dataset, is_iterable=iterable, max_concurrency=max_concurrency)
 
 
 async def _run(

@@ -27,6 +27,8 @@ from asyncload._engine.slots import (
 from asyncload._protocol.messages import IndexTask, PassStarted, Result, Shutdown
 from asyncload._stats import recorder as _metrics
 
+from ._datasets import worker_config
+
 
 class Store(asyncload.Dataset[int]):
     """Index *i* returns *i* after *latency* seconds of waiting and *cpu* seconds of spinning
@@ -63,23 +65,7 @@ class Store(asyncload.Dataset[int]):
 
 
 def _config(dataset: Any, max_concurrency: int | None, batch_size: int = 8) -> WorkerConfig:
-    return WorkerConfig(
-        worker_id=0,
-        num_workers=1,
-        base_seed=0,
-        dataset=dataset,
-        is_iterable=False,
-        auto_collation=True,
-        batch_size=batch_size,
-        drop_last=False,
-        collate_fn=list,
-        worker_init_fn=None,
-        max_concurrency=max_concurrency,
-        rank=0,
-        world_size=1,
-        storage_config=None,
-        main_pid=0,
-    )
+    return worker_config(dataset, max_concurrency=max_concurrency, batch_size=batch_size)
 
 
 async def _read(cfg: WorkerConfig, batches: int, *, window: int) -> list[Result]:
