@@ -89,6 +89,7 @@ class Slots:
         cap: ``max_concurrency``: a fixed number of slots; ``None``: an adaptive limit.
         initial: Where an adaptive limit starts.
         learned: What an earlier pass's workers learned (an adaptive limit starts there).
+        ceiling: The most an adaptive limit may reach (``auto_ceiling``).
 
     Examples:
         >>> import asyncio
@@ -127,10 +128,6 @@ class Slots:
         if self._limiter is None:
             return Slots(self.cap)
         return Slots(None, learned=self._limiter.controller.export(), ceiling=self._ceiling)
-
-    @property
-    def adaptive(self) -> bool:
-        return self._limiter is not None
 
     @property
     def limit(self) -> int:

@@ -177,8 +177,7 @@ class RemoteFiles(Dataset[Any]):
         if wanted:
             given = {"url": url, "index": int(index)}
             decode = functools.partial(decode, **{k: given[k] for k in wanted})
-        in_thread = self.decode_in_thread
-        if in_thread or (in_thread is None and _cpu.lane_pays()):
+        if _cpu.decode_on_lane(self.decode_in_thread):
             return await _cpu.cpu(decode, data)
         return decode(data)
 

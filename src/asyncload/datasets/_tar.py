@@ -299,8 +299,7 @@ class TarShards(IterableDataset[Sample]):
         decode: Callable[[Any], Any] = self._decode_tagged if tagged else self._decode_or_handle
         async with aclosing(stream) as raw:
             seen = 0
-            in_thread = self.decode_in_thread
-            if in_thread or (in_thread is None and _cpu.lane_pays()):
+            if _cpu.decode_on_lane(self.decode_in_thread):
                 async for sample in decode_in_pool(raw, skip, decode):
                     yield sample
                 return
