@@ -222,9 +222,12 @@ class _Host:
         # Slow start: every kept-alive connection the server has answered on earns GROWTH more
         # new connections in flight (QUICK_GROWTH if it answered the first burst together); a
         # server that closes after each response (HTTP/1.0, http.server) stays at `burst`.
-        self.proven = {p for p in self.proven if p.is_connected() and not p.should_close}
+        # A connection still reading its body also says `should_close` (aiohttp: its payload
+        # is not at EOF): it counts again once released, so it is skipped now, not forgotten.
+        self.proven = {p for p in self.proven if p.is_connected()}
+        kept = sum(1 for p in self.proven if not p.should_close)
         growth = QUICK_GROWTH if self.quick else GROWTH
-        limit = max(burst + growth * len(self.proven), self.trusted)
+        limit = max(burst + growth * kept, self.trusted)
         cap = _caps.get(self.key)  # the process's: a hedge session's overflow counts too
         return limit if cap is None else min(limit, cap)
 
