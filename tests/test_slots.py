@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -16,16 +17,20 @@ import pytest
 
 import asyncload
 from asyncload._control import LimitState
+from asyncload._control import aside as _aside
 from asyncload._engine import Engine, WorkerConfig
 from asyncload._engine.slots import (
     AUTO_CEILING,
     LOADER_CEILING,
+    Held,
     Slots,
     initial_limit,
     most_in_flight,
 )
 from asyncload._protocol.messages import IndexTask, PassStarted, Result, Shutdown
 from asyncload._stats import recorder as _metrics
+from asyncload._storage.retry import retrying
+from asyncload.sources import AttemptFailed
 
 from ._datasets import worker_config
 
@@ -68,9 +73,11 @@ def _config(dataset: Any, max_concurrency: int | None, batch_size: int = 8) -> W
     return worker_config(dataset, max_concurrency=max_concurrency, batch_size=batch_size)
 
 
-async def _read(cfg: WorkerConfig, batches: int, *, window: int) -> list[Result]:
+async def _read(
+    cfg: WorkerConfig, batches: int, *, window: int, watch: Callable[[Engine], None] | None = None
+) -> list[Result]:
     """Read *batches* batches of the dataset, keeping *window* of them out (as the main
-    process does); the results in the order they came."""
+    process does); the results in the order they came. *watch* sees the engine every 2 ms."""
     out: list[Any] = []
     engine = Engine(cfg, out.append, "in a test engine")
     if isinstance(cfg.dataset, Store):
@@ -87,6 +94,8 @@ async def _read(cfg: WorkerConfig, batches: int, *, window: int) -> list[Result]
             inbox.put_nowait(IndexTask(sent, 0, np.arange(sent * size, (sent + 1) * size)))
             sent += 1
         await asyncio.sleep(0.002)
+        if watch is not None:
+            watch(engine)
     inbox.put_nowait(Shutdown())
     await asyncio.wait_for(runner, 5)
     return [r for r in out if isinstance(r, Result)]
@@ -235,3 +244,103 @@ def test_a_slot_given_back_unused_teaches_nothing() -> None:
         assert (stats.in_flight, stats.requests, stats.failed) == (0, 1, 1)
 
     asyncio.run(main())
+
+
+@pytest.mark.timeout(10)
+def test_a_retry_waits_outside_its_slot_and_takes_one_again_first() -> None:
+    async def main() -> None:
+        slots = Slots(None, initial=2)
+        c = slots.controller
+        assert c is not None
+        first = Held(slots, await slots.acquire())
+        other = await slots.acquire()
+
+        async def sample() -> None:  # a sample whose storage request backs off once
+            _aside.seat.set(first)
+            await _aside.sleep_aside(0.05)
+
+        backing_off = asyncio.ensure_future(sample())
+        await asyncio.sleep(0.01)
+        assert (first.held, c.in_flight) == (False, 1)  # its slot went back meanwhile
+        taken = await asyncio.wait_for(slots.acquire(), 1)  # ... and was taken
+        late = asyncio.ensure_future(slots.acquire())  # a new sample, in line before it wakes
+        await asyncio.sleep(0.08)
+        assert not backing_off.done()  # woke, and waits in line: 2 in flight, limit 2
+        slots.release(other, True)
+        await asyncio.wait_for(backing_off, 1)  # first in line, ahead of `late`
+        assert first.held
+        assert not late.done()
+        assert c.in_flight == 2
+        slots.release(taken, True)
+        await asyncio.wait_for(late, 1)
+        late.result()
+
+        # A fixed max_concurrency keeps its slot through a backoff: the user's number holds.
+        fixed = Slots(1)
+        kept = Held(fixed, await fixed.acquire())
+        assert not kept.leave()
+        assert kept.held
+
+    asyncio.run(main())
+
+
+class Throttled(Store):
+    """A store whose *throttle* indices are refused once (503, retry after RETRY_AFTER s) and
+    retried by the storage layer's own loop; counts what is being answered and what waits."""
+
+    RETRY_AFTER = 0.3
+
+    def __init__(self, n: int, *, latency: float) -> None:
+        super().__init__(n, latency=latency)
+        self.answering = 0  # requests the store is answering now
+        self.waiting = 0  # refused requests waiting for their retry
+        self.watch: list[tuple[int, int, int]] = []  # (answering, waiting, slots taken)
+
+    async def __getitem__(self, index: int) -> int:
+        refused = [index in self.throttle]
+
+        async def attempt() -> int:
+            if not refused[0] and index in self.throttle:
+                self.waiting -= 1  # its retry
+            self.answering += 1
+            try:
+                await asyncio.sleep(self.latency)
+            finally:
+                self.answering -= 1
+            if refused[0]:
+                refused[0] = False
+                self.waiting += 1
+                raise AttemptFailed(
+                    asyncload.ServerError,
+                    "slow down",
+                    status=503,
+                    retryable=True,
+                    reason="503",
+                    retry_after=self.RETRY_AFTER,
+                )
+            return index
+
+        return await retrying(attempt, url=f"mem://{index}", policy=asyncload.Retry())
+
+
+@pytest.mark.timeout(60)
+def test_samples_waiting_to_retry_hold_no_slot() -> None:
+    ds = Throttled(3000, latency=0.02)
+    ds.throttle = set(range(1500, 1520))  # a burst of 503s midway
+
+    def watch(engine: Engine) -> None:
+        c = engine._sem.controller
+        assert c is not None
+        if ds.waiting:
+            ds.watch.append((ds.answering, ds.waiting, c.in_flight))
+
+    results = asyncio.run(_read(_config(ds, None), 375, window=200, watch=watch))
+    assert sorted(x for r in results for x in r.data) == list(range(3000))
+    assert ds.waiting == 0
+    # While twenty refused samples waited 0.3 s for their retries, the slots taken were those
+    # of the requests being answered (and a few granted, not yet sent): the waiting held none.
+    # (Held through their backoff, they would be 20 on top.)
+    assert max(w for _, w, _ in ds.watch) >= 15
+    calm = [taken - answering for answering, waiting, taken in ds.watch if waiting >= 15]
+    assert calm
+    assert min(calm) <= 4, ds.watch

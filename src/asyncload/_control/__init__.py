@@ -3,6 +3,7 @@
 Pure logic with the clock passed in (no I/O, no event loop but ``limiter``'s semaphore), so
 that a simulator drives it as a worker does. ``law`` is the controller (issue #33),
 ``limiter`` the semaphore built on it; ``_engine/slots.py`` is where a worker uses them.
+``aside`` lets a retry's backoff (storage) give its sample's slot (engine) back meanwhile.
 """
 
 from __future__ import annotations

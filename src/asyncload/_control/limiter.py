@@ -56,14 +56,18 @@ class AdaptiveLimiter:
     def _now(self) -> float:
         return self._clock() if self._clock is not None else asyncio.get_running_loop().time()
 
-    async def acquire(self) -> None:
-        """Wait for a slot; the request counts as started when this returns."""
+    async def acquire(self, *, first: bool = False) -> None:
+        """Wait for a slot; the request counts as started when this returns. *first*: ahead
+        of those waiting (a request that had a slot and gave it back for a while)."""
         c = self.controller
         if not self._waiters and c.in_flight < c.limit:
             c.started(self._now())
             return
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
+        if first:
+            self._waiters.appendleft(waiter)
+        else:
+            self._waiters.append(waiter)
         try:
             await waiter
         except asyncio.CancelledError:

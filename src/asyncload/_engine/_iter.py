@@ -10,11 +10,12 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+from .._control import aside as _aside
 from .._dataset.base import aclose_quietly, aiter_for
 from .._dataset.sample_errors import SkippedSample
 from .._protocol.messages import Exhausted
 from ._core import EngineCore
-from .slots import Slots, most_in_flight
+from .slots import Held, most_in_flight
 
 __all__ = ["IterFetching"]
 
@@ -109,7 +110,7 @@ class IterFetching(EngineCore):
                         _close_unawaited(item)
                         raise
                     self.recorder.in_flight += 1
-                    slot = _Slot(self._sem, item, granted)
+                    slot = _Slot(Held(self._sem, granted), item)
                     item = self._spawn(self._await_one(slot))
                     item.add_done_callback(functools.partial(self._never_ran, slot))
                 else:
@@ -123,6 +124,7 @@ class IterFetching(EngineCore):
 
     async def _await_one(self, slot: _Slot) -> Any:
         slot.ran = True
+        _aside.seat.set(slot.held)  # this task's: its retries wait outside the slot
         t0 = time.perf_counter()
         try:
             result = await slot.awaitable
@@ -148,7 +150,7 @@ class IterFetching(EngineCore):
             _close_unawaited(slot.awaitable)
 
     def _free(self, slot: _Slot) -> None:
-        slot.sem.release(slot.granted, slot.ok)  # the pass's, taken in _pump (a new pass: new)
+        slot.held.release(slot.ok)  # the pass's, taken in _pump (a new pass: new)
         self.recorder.in_flight -= 1
 
 
@@ -172,10 +174,10 @@ async def _skipping(dataset: Any, skip: int) -> AsyncIterator[Any]:
 class _Slot:
     """One fetch slot taken for an awaitable the dataset yielded."""
 
-    __slots__ = ("awaitable", "granted", "ok", "ran", "sem")
+    __slots__ = ("awaitable", "held", "ok", "ran")
 
-    def __init__(self, sem: Slots, awaitable: Any, granted: float) -> None:
-        self.sem, self.awaitable, self.granted, self.ran = sem, awaitable, granted, False
+    def __init__(self, held: Held, awaitable: Any) -> None:
+        self.held, self.awaitable, self.ran = held, awaitable, False
         self.ok: bool | None = None  # the awaitable's outcome, for an adaptive limit
 
 

@@ -14,10 +14,12 @@ from typing import Any
 
 import numpy as np
 
+from .._control import aside as _aside
 from .._dataset import cpu as _cpu
 from .._dataset.sample_errors import SkippedSample
 from .._protocol.messages import IndexTask
 from ._core import EngineCore
+from .slots import Held
 
 __all__ = ["HEAD_START", "MapFetching"]
 
@@ -104,35 +106,32 @@ class MapFetching(EngineCore):
         """
         item: tuple[_Batch, int, Any] | None = first
         ok: bool | None = None
-        held = True  # this task holds a slot (granted at `granted`)
+        slot = Held(self._sem, granted)
+        _aside.seat.set(slot)  # this task's samples: their retries wait outside the slot
         try:
             while item is not None:
                 ok = await self._fetch_one(*item)
                 item = self._next_in_line()
                 if item is None:
                     break
-                next_granted = self._sem.handoff(granted, ok)
+                # Handed on, or (the limit shrank) given back and waited for, holding the item.
+                await slot.next(ok)
                 ok = None
-                if next_granted is None:  # the limit shrank: wait in line, holding the item
-                    held = False
-                    next_granted = await self._sem.acquire()
-                    held = True
-                granted = next_granted
                 if _cancelled_within():
                     # A sample left a cancellation caught and not withdrawn on this task: the
                     # next one gets a task of its own, as _as_failure reads that count.
-                    held = False
-                    self._spawn(self._run_slot(item, granted))
+                    self._spawn(self._run_slot(item, slot.hand_over()))
                     return
         except BaseException:
-            if held:
-                self._sem.release(granted, None)
+            slot.release(None)
             raise
-        self._sem.release(granted, ok)
+        slot.release(ok)
 
     async def _fetch_many(self, batch: _Batch, indices: list[Any], granted: float) -> None:
         assert self._fetch_batch is not None
         _cpu.priority.set(batch.task.send_idx)  # this batch's CPU work, in batch order
+        slot = Held(self._sem, granted)
+        _aside.seat.set(slot)  # its retries wait outside the slot
         t0 = time.perf_counter()
         ok: bool | None = None
         try:
@@ -154,7 +153,7 @@ class MapFetching(EngineCore):
         else:
             ok = True
         finally:
-            self._sem.release(granted, ok)
+            slot.release(ok)
             self.recorder.in_flight -= 1
         per_sample = (time.perf_counter() - t0) / len(indices)
         for _ in indices:

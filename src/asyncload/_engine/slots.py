@@ -12,8 +12,8 @@ answers say (issue #33):
   whose latency grows with load (stop at the knee);
 * a throttle (``503 SlowDown``, ``429``, ``Retry-After``) met by any storage attempt of a
   sample is told at once (``_stats.note_throttle``): the limit is cut multiplicatively, once per
-  overload, and recovers along CUBIC's curve; the request is retried by the storage layer
-  within the cut limit, as its sample keeps its slot;
+  overload, and recovers along CUBIC's curve. A retry's backoff waits outside its slot
+  (``Held``, ``_control/aside.py``), so the retries too come back within the cut limit;
 * a sample that fails is neither goodput nor a latency sample.
 
 The limit starts at ``initial`` (a batch's worth, at least 8) or where the last pass's workers
@@ -37,6 +37,7 @@ from .._control import (
 __all__ = [
     "AUTO_CEILING",
     "LOADER_CEILING",
+    "Held",
     "Slots",
     "auto_ceiling",
     "initial_limit",
@@ -142,13 +143,14 @@ class Slots:
         """The adaptive limit's controller (its figures, its state to pass on), if adaptive."""
         return self._limiter.controller if self._limiter is not None else None
 
-    async def acquire(self) -> float:
-        """Wait for a slot; when it was granted (``time.monotonic``)."""
+    async def acquire(self, *, first: bool = False) -> float:
+        """Wait for a slot; when it was granted (``time.monotonic``). *first*: ahead of the
+        others waiting for an adaptive limit (a sample that gave its slot back for a while)."""
         if self._fixed is not None:
             await self._fixed.acquire()
         else:
             assert self._limiter is not None
-            await self._limiter.acquire()
+            await self._limiter.acquire(first=first)
         return time.monotonic()
 
     def release(self, granted: float | None = None, ok: bool | None = None) -> None:
@@ -186,3 +188,81 @@ class Slots:
         """A storage attempt sent at *sent* was told "too many" (``Recorder.on_throttle``)."""
         if self._limiter is not None:
             self._limiter.throttled(sent, retry_after)
+
+
+class Held:
+    """The slot an engine task holds for the samples it fetches one after another: when it was
+    granted, and whether it is held now. It is the ``aside.Seat`` the task lends its samples:
+    a retry's backoff gives an adaptive slot back and takes one again, ahead of samples not
+    yet started, before the retry is sent. (A fixed ``max_concurrency`` keeps its slot.)
+
+    Args:
+        slots: The engine's slots, one of which was granted.
+        granted: When (``Slots.acquire``'s answer).
+
+    Examples:
+        >>> import asyncio
+        >>> async def main() -> list[int]:
+        ...     slots = Slots(None, initial=8)
+        ...     held = Held(slots, await slots.acquire())
+        ...     seen = [slots.controller.in_flight]
+        ...     assert held.leave()  # a retry waits: its slot goes back meanwhile
+        ...     seen.append(slots.controller.in_flight)
+        ...     await held.rejoin()
+        ...     held.release(True)
+        ...     return [*seen, slots.controller.in_flight]
+        >>> asyncio.run(main())
+        [1, 0, 0]
+    """
+
+    __slots__ = ("_joining", "_slots", "granted", "held")
+
+    def __init__(self, slots: Slots, granted: float) -> None:
+        self._slots = slots
+        self.granted = granted
+        self.held = True
+        # A sample's reads gathered at once share this: one takes the slot again, the others
+        # wait for it (two acquires would hold two).
+        self._joining: asyncio.Lock | None = None
+
+    def leave(self) -> bool:
+        """Give an adaptive slot back for a wait; whether it was given."""
+        if not self.held or self._slots.cap is not None:
+            return False
+        self.held = False
+        self._slots.release()  # nothing to learn from a sample that has not finished
+        return True
+
+    async def rejoin(self) -> None:
+        """Hold a slot again (first in line), if this one was given back."""
+        if self.held:
+            return
+        if self._joining is None:
+            self._joining = asyncio.Lock()
+        async with self._joining:
+            if not self.held:
+                self.granted = await self._slots.acquire(first=True)
+                self.held = True
+
+    async def next(self, ok: bool | None) -> None:
+        """A sample (outcome *ok*) finished and another is next: hand the slot on to it if the
+        limit allows (``Slots.handoff``), else give it back and wait, first in line."""
+        if self.held:
+            granted = self._slots.handoff(self.granted, ok)
+            if granted is not None:
+                self.granted = granted
+                return
+            self.held = False
+        await self.rejoin()
+
+    def hand_over(self) -> float:
+        """Pass the slot to another task (which makes its own ``Held``); when it was granted."""
+        assert self.held
+        self.held = False
+        return self.granted
+
+    def release(self, ok: bool | None) -> None:
+        """Give the slot back, if held, telling the limit the last sample's outcome *ok*."""
+        if self.held:
+            self.held = False
+            self._slots.release(self.granted, ok)

@@ -17,7 +17,6 @@ What is never retried: 400/401/403/404 and other 4xx, refused connections and un
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import random
 import time
@@ -25,6 +24,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
+from .._control.aside import sleep_aside
 from .._exceptions import StorageError
 from .._redact import redact_url
 from .._stats import loader_stats as _stats
@@ -215,7 +215,8 @@ def give_up(failure: AttemptFailed, url: str, attempts: int) -> StorageError:
 async def backoff(
     failure: AttemptFailed, url: str, wait: float, attempt: int, policy: Retry
 ) -> None:
-    """Count, log and sleep before the next attempt."""
+    """Count, log and sleep before the next attempt, outside the sample's fetch slot
+    (``_control/aside.py``: the in-flight limit counts the requests being answered)."""
     _stats.note_retry(failure.reason)
     log.info(
         "retrying %s in %.2fs after attempt %d/%d failed: %s",
@@ -225,7 +226,7 @@ async def backoff(
         policy.attempts,
         redact_url(failure.message),
     )
-    await asyncio.sleep(wait)
+    await sleep_aside(wait)
 
 
 def next_wait(
