@@ -18,6 +18,7 @@ from .._storage.sync import run_sync
 
 __all__ = ["getitems_sync"]
 
+# Per process: warns once per process (see the module doc), not per dataset or per batch.
 _warned = False
 
 

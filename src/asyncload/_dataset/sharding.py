@@ -58,6 +58,8 @@ class WorkerInfo:
     """Number of ranks in the training job (1 without distributed training)."""
 
 
+# Per process: a worker process is one worker (the child sets it at start-up), and the
+# dataset code that asks (get_worker_info, shard) has no handle to be passed it, as in torch.
 _worker_info: WorkerInfo | None = None
 
 
@@ -140,6 +142,7 @@ async def _ashard(items: AsyncIterable[T], index: int, count: int) -> AsyncItera
         i += 1
 
 
+# Per process: the partition is logged at INFO once per process, not once per loader.
 _announced = False
 
 

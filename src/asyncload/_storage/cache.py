@@ -69,6 +69,8 @@ class CacheCounts:
     """Reads of a cached prefix that went to the store because the object was not cached."""
 
 
+# Per process: cache_counts() reports every read of the process, whoever made it; workers
+# count their own, and a loader sums theirs through its stats.
 _hits = 0
 _misses = 0
 
@@ -88,6 +90,8 @@ def counts() -> CacheCounts:
     return CacheCounts(hits=_hits, misses=_misses)
 
 
+# Per process: one Cache per directory, so concurrent misses of an object in the process share
+# one fetch (``_inflight``), and a directory that fails is turned off with one warning.
 _caches: dict[tuple[str, int | None], Cache] = {}
 
 

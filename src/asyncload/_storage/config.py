@@ -49,7 +49,9 @@ class StorageConfig:
     overflowed (``sources._pacing``)."""
 
 
-# Longest prefix first, so the first match is the most specific one.
+# Longest prefix first, so the first match is the most specific one. Per process: every read
+# of the process (read(), stream(), any loader) looks its URL up here, and holds no handle
+# that could carry it; a worker gets a copy through export_config / import_config.
 _prefixes: list[tuple[str, StorageOptions]] = []
 # What a storage client reads from the environment when it is built: credentials, endpoints,
 # emulators, CA files and proxies (obstore's own variables, and sources._cloud_config's).
@@ -65,6 +67,7 @@ _CLIENT_ENV = (
     "NO_PROXY",
 )
 # Those variables when prewarm() built this process's clients; None once the pass checked.
+# Per process, like the clients it describes (the backends' own, shared by every reader).
 _built_under: dict[str, str] | None = None
 # Configured prefixes whose clients a standby worker builds ahead (each costs 7-17 ms, and a
 # pass whose config arrives meanwhile waits for them).

@@ -96,6 +96,8 @@ def _release(token: str, block_id: int, seq: int) -> None:
         dq.append(seq)
 
 
+# Per process: the process's libc with mmap/munmap's prototypes set, built at the first mapping
+# and kept (a cache; no state of its own).
 _libc: Any = None
 
 

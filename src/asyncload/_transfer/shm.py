@@ -122,6 +122,8 @@ def _after_fork_in_child() -> None:
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
+# torch's own UntypedStorage._new_shared. Per process: install_pool patches torch's class,
+# which is the process's, and saves the original once: a later call must not wrap the wrapper.
 _torch_new_shared: Any = None
 
 

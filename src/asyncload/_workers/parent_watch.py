@@ -45,7 +45,9 @@ def _set_pdeathsig() -> None:
         pass
 
 
-_watching = 0  # the main process this one watches (watch_parent), once
+# The main process this one watches (watch_parent), once. Per process: the watch thread and
+# PR_SET_PDEATHSIG are the process's, and a standby worker starts them before its config comes.
+_watching = 0
 
 
 def watch_parent(main_pid: int, interval: float = 0.25) -> None:

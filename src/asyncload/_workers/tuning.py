@@ -47,6 +47,8 @@ _MAIN_BLOCK = 16 << 20
 _GC_PER_REQUEST = 40
 _GC_MAX = 50_000
 
+# Per process: glibc's heap thresholds are the process's, so one free serves every loader in
+# it; keyed by pid, so a process forked after it (inheriting this value) tunes once again.
 _main_tuned_pid = 0
 
 

@@ -234,10 +234,13 @@ class Backend(abc.ABC):
         """Close clients bound to the running event loop."""
 
 
+# Per process: read(url) finds the backend by the URL's scheme alone, and every reader of the
+# process shares its clients; a worker rebuilds it by importing the modules that register.
 _registry: dict[str, Backend] = {}
 
 # Connections a lazily created client may keep (all hosts together: aiohttp's ``limit``); the
-# loader sets its max_concurrency.
+# loader sets its max_concurrency. Per process, like the clients (one per event loop, shared
+# by every reader on it); a worker gets its loader's through import_config.
 _pool_size = [64]
 
 # True in the task of a hedge (_hedge). A backend whose connection pool is a Python queue

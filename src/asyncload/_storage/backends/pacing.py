@@ -114,11 +114,17 @@ COUNTER = "connections:"
 CAP_COUNTER = "burst:"
 _MAX_HOSTS = 1024
 
-# host:port -> the most kept-alive connections it held at once for one process.
+# host:port -> the most kept-alive connections it held at once for one process. Per process:
+# every connector of the process starts from what any of them proved, and export_config sends
+# it to the next pass's workers.
 _learned: dict[str, int] = {}
 # host:port -> the most new connections it may have in flight at once, after an overflow.
+# Per process: the host's accept queue is one, so an overflow seen by any connector (a hedge
+# session's too) caps them all.
 _caps: dict[str, int] = {}
 # The processes reading the same hosts that this one shares BURST with (a loader's workers).
+# Per process: import_config sets it when the worker starts, and the connectors the backends
+# build later, lazily, have no loader to ask.
 _sharers = 1
 
 

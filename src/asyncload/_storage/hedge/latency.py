@@ -91,6 +91,8 @@ class _Prefix:
         return True
 
 
+# Per process: every read of a prefix in the process (any loader, read_sync, own coroutines)
+# feeds and spends one tracker, since the latency and the hedge budget are the store's.
 _prefixes: dict[tuple[int, str], _Prefix] = {}
 
 

@@ -39,7 +39,8 @@ _MAX_HEDGES = 2
 # Task.uncancel() (3.11) lets a round run its primary in the caller's task (_race_in_place).
 _IN_PLACE = sys.version_info >= (3, 11)
 
-# Hedges sent and won by this process (``counts``).
+# Hedges sent and won by this process (``counts``). Per process: hedge_counts() sums every
+# reader of the process (own coroutines, read_sync, a loader without workers).
 _sent = 0
 _won = 0
 
@@ -56,6 +57,8 @@ def _send(start: Callable[[], Awaitable[T]]) -> asyncio.Future[T]:
         hedging.reset(token)
 
 
+# Per process: cancelled hedges of every loop, kept alive until their cleanup ran; aclose()
+# (``drain``) waits for its loop's ones before it closes the clients, which all readers share.
 _losers: set[asyncio.Future[object]] = set()
 _STOPPED: Any = object()  # _InPlace.outcome once the round is over
 

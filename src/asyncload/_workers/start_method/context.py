@@ -42,6 +42,7 @@ __all__ = [
 ]
 
 
+# Per process: the fall-back to 'fork' in a notebook warns once per process, not per loader.
 _warned_interactive = False
 
 
@@ -107,6 +108,8 @@ def _named(requested: Any) -> multiprocessing.context.BaseContext:
     return requested  # type: ignore[no-any-return]
 
 
+# Per process: the forkserver is one per process (multiprocessing's), so only the first loader
+# starts it early.
 _early = False
 
 
