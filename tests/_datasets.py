@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -12,12 +13,15 @@ import numpy as np
 import torch
 
 import asyncload
-from asyncload._engine import WorkerConfig
+from asyncload._engine import WorkerConfig, WorkerOptions
 
 
 def worker_config(dataset: Any, **changes: Any) -> WorkerConfig:
     """What an engine run in the test's own process gets: worker 0 of 1, batches of 3 collated
-    with ``list``, 4 samples in flight; *changes* replace any field."""
+    with ``list``, 4 samples in flight; *changes* replace any field, or any of the
+    ``WorkerOptions`` (``max_concurrency``, ``cpu_threads``, ``skip_sample_errors``)."""
+    option_names = {f.name for f in dataclasses.fields(WorkerOptions)}
+    options = {"max_concurrency": 4} | {k: changes.pop(k) for k in option_names & changes.keys()}
     fields: dict[str, Any] = {
         "worker_id": 0,
         "num_workers": 1,
@@ -29,7 +33,7 @@ def worker_config(dataset: Any, **changes: Any) -> WorkerConfig:
         "drop_last": False,
         "collate_fn": list,
         "worker_init_fn": None,
-        "max_concurrency": 4,
+        "options": WorkerOptions(**options),
         "rank": 0,
         "world_size": 1,
         "storage_config": None,

@@ -17,8 +17,9 @@ from .._stats import recorder as _metrics
 from ._core import WorkerConfig
 from ._iter import IterFetching
 from ._map import MapFetching
+from .options import WorkerOptions
 
-__all__ = ["Engine", "WorkerConfig"]
+__all__ = ["Engine", "WorkerConfig", "WorkerOptions"]
 
 
 class Engine(MapFetching, IterFetching):

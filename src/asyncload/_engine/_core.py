@@ -25,9 +25,12 @@ from .._dataset.base import batch_fetcher_for, fetcher_for
 from .._dataset.sample_errors import SkippedSample
 from .._protocol.messages import Failure, IndexTask, IterTask, RemoteError, Result
 from .._stats import recorder as _metrics
+from .options import WorkerOptions
 from .slots import Slots, auto_ceiling, initial_limit
 
 __all__ = ["EngineCore", "WorkerConfig"]
+
+_DEFAULT_OPTIONS = WorkerOptions()  # frozen: one shared default
 
 # Stats ride along with results at most this often (seconds), so they cost nothing per sample.
 _STATS_EVERY = 0.2
@@ -47,8 +50,6 @@ class WorkerConfig:
     drop_last: bool
     collate_fn: Callable[[Any], Any]
     worker_init_fn: Callable[[int], None] | None
-    max_concurrency: int | None
-    """Samples in flight at most; ``None``: a limit the engine finds itself (``slots``)."""
     rank: int
     world_size: int
     storage_config: object
@@ -63,13 +64,11 @@ class WorkerConfig:
     """At most this many blocks in the pool."""
     shared_seed: int | None = None
     """An ``IterDataPipe``'s shuffle seed, the same in every worker (torch's shared seed)."""
-    skip_sample_errors: bool = False
-    """Leave a failing sample out of its batch instead of failing the batch (``_budget``)."""
     plan: Any = None
     """The units this worker reads on its first pass, re-dealt from a checkpoint taken with
     another number of readers (``_checkpoint.elastic_iter``); ``None``: its ordinary share."""
-    cpu_threads: int | None = None
-    """Threads of the worker's CPU lane (``_dataset.cpu``); ``None``: its share of the cores."""
+    options: WorkerOptions = _DEFAULT_OPTIONS
+    """The loader's arguments every worker reads as given (``_engine/options.py``)."""
     learned_limit: Any = None
     """Where an adaptive limit starts (a ``_control.LimitState`` the main process combined from
     the last pass's workers); ``None``: from ``slots.initial_limit``."""
@@ -99,7 +98,7 @@ class EngineCore:
         )
         self._generation = 0
         self._sem = Slots(
-            cfg.max_concurrency,
+            cfg.options.max_concurrency,
             initial=initial_limit(cfg.batch_size),
             learned=cfg.learned_limit,
             ceiling=auto_ceiling(cfg.num_workers),
@@ -202,7 +201,7 @@ class EngineCore:
         tags: tuple[Any, ...] = (),
     ) -> None:
         count = -1  # samples in this batch, counted towards a fractional error budget
-        if self.cfg.skip_sample_errors:  # an empty batch is not collated, only reported
+        if self.cfg.options.skip_sample_errors:  # an empty batch is not collated, only reported
             count = len(samples) if self.cfg.auto_collation else int(not skipped)
         try:
             data = self.cfg.collate_fn(samples) if count != 0 else None

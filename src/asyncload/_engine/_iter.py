@@ -34,7 +34,7 @@ class IterFetching(EngineCore):
         awaitables are started immediately, so their fetches overlap, and taken in order.
         """
         ahead: asyncio.Queue[Any] = asyncio.Queue(
-            maxsize=most_in_flight(self.cfg.max_concurrency, self.cfg.num_workers)
+            maxsize=most_in_flight(self.cfg.options.max_concurrency, self.cfg.num_workers)
         )
         end = object()
         skip, self._skip = self._skip, 0
@@ -75,7 +75,7 @@ class IterFetching(EngineCore):
                             try:
                                 item = await item
                             except Exception as exc:
-                                if not self.cfg.skip_sample_errors:
+                                if not self.cfg.options.skip_sample_errors:
                                     raise
                                 skipped.append(self._skip_sample(exc, position - 1))
                                 continue

@@ -142,7 +142,7 @@ class MapFetching(EngineCore):
                 )
         except (Exception, asyncio.CancelledError) as exc:
             error = self._as_failure(exc)
-            if self.cfg.skip_sample_errors:  # which sample failed is unknown: all of them
+            if self.cfg.options.skip_sample_errors:  # which sample failed is unknown: all of them
                 self._deliver(
                     batch.task.send_idx, [], [self._skip_sample(error, i) for i in indices]
                 )
@@ -169,7 +169,7 @@ class MapFetching(EngineCore):
             sample = await self._fetch(index)
         except (Exception, asyncio.CancelledError) as exc:
             error = self._as_failure(exc)
-            if self.cfg.skip_sample_errors:
+            if self.cfg.options.skip_sample_errors:
                 batch.skipped.append(self._skip_sample(error, index))
                 batch.samples[pos] = _LEFT_OUT
                 sample = _LEFT_OUT

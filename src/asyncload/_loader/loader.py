@@ -28,6 +28,7 @@ from .._checkpoint import elastic_map as _elastic
 from .._checkpoint.resume import ResumePoint
 from .._dataset import sample_errors as _budget
 from .._dataset import sharding as _sharding
+from .._engine.options import WorkerOptions
 from .._engine.slots import learned_from, most_in_flight
 from .._stats import loader_stats as _stats
 from .._workers import StandbySlot
@@ -137,24 +138,13 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
         max_sample_errors: int | float | None = None,
     ) -> None:
         self._sample_errors = _budget.policy(sample_errors, max_sample_errors)
-        if max_concurrency == "auto":
-            max_concurrency = None
-        if max_concurrency is not None and (
-            not isinstance(max_concurrency, int)
-            or isinstance(max_concurrency, bool)
-            or max_concurrency < 1
-        ):
-            raise ValueError(
-                "max_concurrency must be a positive integer, or None (or 'auto') for a limit "
-                f"each worker finds itself, got {max_concurrency!r}"
-            )
-        if cpu_threads is not None and (
-            not isinstance(cpu_threads, int) or isinstance(cpu_threads, bool) or cpu_threads < 1
-        ):
-            raise ValueError(
-                "cpu_threads must be a positive integer, or None for each worker's share of "
-                f"the cores, got {cpu_threads!r}"
-            )
+        # What every worker reads as given (a new such argument: _engine/options.py).
+        self._worker_options = WorkerOptions(
+            max_concurrency=None if max_concurrency == "auto" else max_concurrency,
+            cpu_threads=cpu_threads,
+            skip_sample_errors=self._sample_errors.skips,
+        )
+        max_concurrency = self._worker_options.max_concurrency
         if not isinstance(prefetch_bytes, int) or prefetch_bytes < 0:
             raise ValueError(
                 f"prefetch_bytes must be a non-negative integer (bytes), got {prefetch_bytes!r}"
@@ -215,8 +205,6 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
             **extra,
         )
         self.in_order = in_order
-        self.max_concurrency = max_concurrency
-        self.cpu_threads = cpu_threads
         self.prefetch_bytes = prefetch_bytes
         per_batch = self.batch_size if self._auto_collation and self.batch_size else 1
         # Enough batches per worker that max_concurrency samples are in flight, plus one being
@@ -250,6 +238,16 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
                     max_concurrency=most_in_flight(self.max_concurrency, self.num_workers),
                 )
 
+    @property
+    def max_concurrency(self) -> int | None:
+        """Samples in flight per worker at most; ``None``: a limit each worker finds itself."""
+        return self._worker_options.max_concurrency
+
+    @property
+    def cpu_threads(self) -> int | None:
+        """Threads of each worker's CPU lane; ``None``: its share of the cores."""
+        return self._worker_options.cpu_threads
+
     def _spec(self) -> PassSpec:
         if self.pin_memory and self.pin_memory_device:
             warnings.warn(
@@ -270,8 +268,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
             collate_fn=self.collate_fn,
             worker_init_fn=self.worker_init_fn,
             num_workers=self.num_workers,
-            max_concurrency=self.max_concurrency,
-            cpu_threads=self.cpu_threads,
+            worker_options=self._worker_options,
             outstanding_per_worker=self._outstanding_per_worker,
             in_order=self.in_order,
             timeout=self.timeout,

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from .._dataset.sample_errors import SampleErrorPolicy
+from .._engine.options import WorkerOptions
 
 _RAISE = SampleErrorPolicy()  # today's behaviour: a failing sample fails its batch
 
@@ -28,7 +29,8 @@ class PassSpec:
     collate_fn: Callable[[Any], Any]
     worker_init_fn: Callable[[int], None] | None
     num_workers: int
-    max_concurrency: int | None
+    worker_options: WorkerOptions
+    """What every worker reads as given (``_engine/options.py``)."""
     outstanding_per_worker: int
     in_order: bool
     timeout: float
@@ -36,8 +38,6 @@ class PassSpec:
     pin_device: str | None
     generator: torch.Generator | None
     multiprocessing_context: Any = None
-    cpu_threads: int | None = None
-    """Threads of each worker's CPU lane; ``None``: its share of the cores."""
     prefetch_bytes: int = 1 << 30
     """Bytes finished-but-undelivered batches may hold beyond the fixed window
     (``_loader.lookahead``)."""

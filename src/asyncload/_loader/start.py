@@ -1,6 +1,6 @@
 """Start a pass's engines from its settings: the one place a ``PassSpec`` becomes the
-``WorkerConfig`` each engine gets (a loader argument that workers read is added to the spec
-and here)."""
+``WorkerConfig`` each engine gets. (A loader argument that the workers read does not pass
+through here: it is a field of ``_engine/options.py``'s ``WorkerOptions``, carried whole.)"""
 
 from __future__ import annotations
 
@@ -38,15 +38,13 @@ def start_workers(
             drop_last=spec.drop_last,
             collate_fn=spec.collate_fn,
             worker_init_fn=spec.worker_init_fn,
-            max_concurrency=spec.max_concurrency,
-            cpu_threads=spec.cpu_threads,
+            options=spec.worker_options,
             rank=rank,
             world_size=world,
             storage_config=None,
             main_pid=os.getpid(),
             skip=skip,
             shared_seed=shared_seed,
-            skip_sample_errors=spec.sample_errors.skips,
             plan=spec.reader_plans[i] if spec.reader_plans is not None else None,
             learned_limit=spec.learned_limit,
         )

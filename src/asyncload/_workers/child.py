@@ -150,7 +150,7 @@ def worker_main(sent: Any, index_queue: Any, result_queue: Any, done_event: Any)
     _parent_watch.watch_parent(cfg.main_pid)
     torch.set_num_threads(1)
     # Before worker_init_fn: the user's settings win.
-    _tuning.tune_worker(most_in_flight(cfg.max_concurrency, cfg.num_workers))
+    _tuning.tune_worker(most_in_flight(cfg.options.max_concurrency, cfg.num_workers))
     where = f"in DataLoader worker {cfg.worker_id} (pid {os.getpid()})"
     _reseed(cfg.base_seed + cfg.worker_id, cfg.worker_id)
     _install_worker_info(cfg)
@@ -174,7 +174,7 @@ def worker_main(sent: Any, index_queue: Any, result_queue: Any, done_event: Any)
     try:
         _storage.import_config(
             cfg.storage_config,
-            pool_size=most_in_flight(cfg.max_concurrency, cfg.num_workers),
+            pool_size=most_in_flight(cfg.options.max_concurrency, cfg.num_workers),
             sharers=cfg.num_workers,
         )
         if cfg.worker_init_fn is not None:
@@ -254,16 +254,15 @@ def run_engine(
     its thread pool released however the engine ends.
     """
     loop = new_event_loop()
-    threads = min(32, most_in_flight(cfg.max_concurrency, cfg.num_workers))
+    threads = min(32, most_in_flight(cfg.options.max_concurrency, cfg.num_workers))
     pool = _ContextPool(max_workers=threads, thread_name_prefix=thread_prefix)
     loop.set_default_executor(pool)
     asyncio.set_event_loop(loop)
     monitor = _watchdog.start_monitor(loop, put, cfg.worker_id)  # asyncload-guard hook
     watch = _sample_watch.start_sample_watch(loop, put, cfg.worker_id)
     # Decode and transforms (asyncload.cpu) run here, sized to the worker's share of the cores.
-    lane = _cpu.CpuLane(
-        cfg.cpu_threads or _cpu.default_threads(cfg.num_workers), name=f"{thread_prefix}-cpu"
-    )
+    lane_threads = cfg.options.cpu_threads or _cpu.default_threads(cfg.num_workers)
+    lane = _cpu.CpuLane(lane_threads, name=f"{thread_prefix}-cpu")
     try:
         engine = loop.run_until_complete(_make_engine(cfg, put, where, recorder))
         inbox: asyncio.Queue[object] = asyncio.Queue()

@@ -86,7 +86,7 @@ class ProcessWorkers:
         # Every field close() touches is set before anything can fail.
         self.count = len(configs)
         self._max_concurrency = (
-            most_in_flight(configs[0].max_concurrency, len(configs)) if configs else 0
+            most_in_flight(configs[0].options.max_concurrency, len(configs)) if configs else 0
         )
         self.live_stats: Callable[[], RecorderSnapshot] | None = None  # they ride on replies
         self._closed = False

@@ -38,7 +38,7 @@ class ThreadWorkers:
         self._closed = False
         # The loop thread's HTTP pool must admit max_concurrency requests, as a worker's does.
         _storage.set_pool_size(
-            max(_storage.pool_size(), most_in_flight(cfg.max_concurrency, cfg.num_workers))
+            max(_storage.pool_size(), most_in_flight(cfg.options.max_concurrency, cfg.num_workers))
         )
         self._worker = ThreadWorker(cfg, recorder)
 
