@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 
@@ -10,7 +11,7 @@ import pytest
 import asyncload
 from asyncload._exceptions import NotFound, ServerError
 from asyncload._stats import loader_stats as _stats
-from asyncload._storage.retry import AttemptFailed, retrying
+from asyncload._storage.retry import AttemptFailed, Attempts, retrying
 
 
 def test_defaults_and_validation() -> None:
@@ -122,6 +123,82 @@ async def test_deadline_stops_retrying() -> None:
         await retrying(op, url="x://y", policy=asyncload.Retry(attempts=10, deadline=0.5))
     assert time.monotonic() - t0 < 1.0
     assert 2 <= op.calls <= 3
+
+
+QUICK = asyncload.Retry(attempts=5, backoff=0.001)
+
+
+@pytest.mark.asyncio
+async def test_attempts_count_the_requests_a_failure_stands_for() -> None:
+    # A hedged read whose twin failed too used two attempts: 2 + 2 + 1 reaches attempts=5.
+    attempts = Attempts("x://y", QUICK)
+    assert attempts.spare == 4
+    await attempts.failed(transient(), requests=2)
+    assert (attempts.done, attempts.spare) == (2, 2)
+    await attempts.failed(transient(), requests=2)
+    assert attempts.spare == 0
+    with pytest.raises(ServerError) as info:
+        await attempts.failed(transient())
+    assert info.value.attempts == 5
+    assert info.value.url == "x://y"
+
+
+@pytest.mark.asyncio
+async def test_final_error_is_raised_from_the_failures_cause() -> None:
+    failure = AttemptFailed(NotFound, "missing", status=404)
+    cause = OSError("the library's own error")
+    failure.__cause__ = cause
+    with pytest.raises(NotFound) as info:
+        await Attempts("x://y", QUICK).failed(failure)
+    assert info.value.__cause__ is cause
+    assert info.value.attempts == 1
+
+
+@pytest.mark.asyncio
+async def test_progress_restarts_the_count() -> None:
+    attempts = Attempts("x://y", asyncload.Retry(attempts=3, backoff=0.001))
+    await attempts.failed(transient())
+    await attempts.failed(transient())
+    assert attempts.spare == 0
+    before = attempts.started
+    attempts.progress()  # a stream delivered bytes: its next failure is a fresh one
+    assert (attempts.done, attempts.spare) == (0, 2)
+    assert attempts.started >= before
+    await attempts.failed(transient())
+    await attempts.failed(transient())
+    with pytest.raises(ServerError) as info:
+        await attempts.failed(transient())
+    assert info.value.attempts == 3
+
+
+@pytest.mark.asyncio
+async def test_judged_sees_each_failure_once_with_its_wait() -> None:
+    seen: list[tuple[str, float | None]] = []
+    attempts = Attempts(
+        "x://y",
+        asyncload.Retry(attempts=2, backoff=0.0),
+        judged=lambda failure, wait: seen.append((failure.reason, wait)),
+    )
+    await attempts.failed(transient(502))
+    with pytest.raises(ServerError):
+        await attempts.failed(transient(503))
+    assert seen == [("502", 0.0), ("503", None)]  # the last one is told there is no next
+
+
+def test_blocking_retries_are_counted_and_logged(caplog: pytest.LogCaptureFixture) -> None:
+    attempts = Attempts("s3://user:secret@bucket/key", asyncload.Retry(attempts=3, backoff=0.0))
+    before = _stats.recorder.retries["503"]
+    with caplog.at_level(logging.INFO, logger="asyncload.storage"):
+        attempts.failed_sync(transient())
+        attempts.failed_sync(transient())
+        with pytest.raises(ServerError) as info:
+            attempts.failed_sync(transient())
+    assert info.value.attempts == 3
+    assert _stats.recorder.retries["503"] == before + 2
+    retried = [r.getMessage() for r in caplog.records if "retrying" in r.getMessage()]
+    assert len(retried) == 2
+    assert "attempt 2/3 failed" in retried[1]
+    assert "secret" not in "".join(retried)
 
 
 @pytest.mark.asyncio

@@ -1,10 +1,11 @@
 """The retry policy every storage request runs under, and the loop that applies it.
 
 Backends make exactly one attempt per call and describe a failure as an ``AttemptFailed``
-(what went wrong, whether trying again can help, what the server asked for). ``retrying``
-owns the loop: it sleeps with exponential backoff and full jitter, honours ``Retry-After``, counts
-retries in ``asyncload._stats``, and finally raises the public error from
-``asyncload._exceptions`` with the true number of attempts.
+(what went wrong, whether trying again can help, what the server asked for). ``Attempts``
+keeps the count for every loop that retries them (``retrying`` here; the hedged read, the
+resuming stream and the shard upload elsewhere): it sleeps with exponential backoff and full
+jitter, honours ``Retry-After``, counts retries in ``asyncload._stats``, and finally raises the
+public error from ``asyncload._exceptions`` with the true number of attempts.
 
 What is retried (the same classes botocore's standard mode retries):
 
@@ -32,6 +33,7 @@ from .._stats import recorder as _recorder
 
 __all__ = [
     "AttemptFailed",
+    "Attempts",
     "Hedge",
     "Retry",
     "backoff",
@@ -171,6 +173,99 @@ def _should_retry(failure: AttemptFailed, policy: Retry) -> bool:
     return failure.status is None or failure.status in policy.statuses or failure.status < 400
 
 
+class Attempts:
+    """The count of attempts of one request, and what to do when one of them fails.
+
+    Every retry loop keeps its count here: ``retrying``, the hedged read (a hedge that failed
+    too is an attempt: ``failed(failure, requests=2)``), the resuming stream (``progress``
+    starts the count again) and the blocking shard upload (``failed_sync``). A failure is
+    judged by ``next_wait`` once; then the request gives up with the public error (raised
+    ``from`` the failure's cause) or counts, logs and sleeps before the next attempt.
+
+    Examples:
+        >>> import asyncio
+        >>> import asyncload
+        >>> from asyncload._storage.retry import AttemptFailed, Attempts
+        >>> async def twice_busy() -> int:
+        ...     tries = Attempts("s3://bucket/key", asyncload.Retry(attempts=3, backoff=0.0))
+        ...     for _ in range(2):
+        ...         tries.sent()  # an attempt goes out ... and fails
+        ...         busy = AttemptFailed(asyncload.ServerError, "busy", status=503, retryable=True)
+        ...         await tries.failed(busy)
+        ...     return tries.spare
+        >>> asyncio.run(twice_busy())  # the third attempt is the last one
+        0
+
+    Args:
+        url: The URL requested, for the error and the log (credentials are redacted).
+        policy: The retry policy that says whether and when to try again.
+        started: When the first attempt went out (default: now); the deadline counts from it.
+        judged: Called once per failure with the wait ``next_wait`` chose (``None``: no next
+            attempt), before giving up or waiting (the hedged read hushes hedges with it).
+    """
+
+    __slots__ = ("_judged", "_sent", "done", "policy", "started", "url")
+
+    def __init__(
+        self,
+        url: str,
+        policy: Retry,
+        *,
+        started: float | None = None,
+        judged: Callable[[AttemptFailed, float | None], None] | None = None,
+    ) -> None:
+        self.url = url
+        self.policy = policy
+        self.started = time.monotonic() if started is None else started
+        self._sent = self.started
+        self._judged = judged
+        self.done = 0
+        """Attempts made and failed since the count (re)started."""
+
+    @property
+    def spare(self) -> int:
+        """Attempts the policy leaves besides the next one (hedges may use them)."""
+        return self.policy.attempts - self.done - 1
+
+    def sent(self) -> None:
+        """Mark now as when the next attempt goes out (a throttle is dated by it)."""
+        self._sent = time.monotonic()
+
+    def progress(self) -> None:
+        """Start the count (and the deadline) again: the request got somewhere (a stream
+        delivered bytes), so its next failure is a fresh one, not a repeat."""
+        self.done = 0
+        self.started = time.monotonic()
+
+    def _judge(self, failure: AttemptFailed, requests: int) -> float:
+        self.done += requests
+        wait = next_wait(failure, self.policy, self.done, self.started, sent=self._sent)
+        if self._judged is not None:
+            self._judged(failure, wait)
+        if wait is None:
+            raise give_up(failure, self.url, self.done) from failure.__cause__
+        return wait
+
+    async def failed(self, failure: AttemptFailed, requests: int = 1) -> None:
+        """Count *failure* (standing for *requests* attempts) and wait for the next attempt.
+
+        Raises:
+            StorageError: There is no next attempt: the public error, with the attempts made.
+        """
+        wait = self._judge(failure, requests)
+        await backoff(failure, self.url, wait, self.done, self.policy)
+
+    def failed_sync(self, failure: AttemptFailed, requests: int = 1) -> None:
+        """``failed`` for blocking code (``time.sleep``): counted and logged the same way.
+
+        Raises:
+            StorageError: There is no next attempt: the public error, with the attempts made.
+        """
+        wait = self._judge(failure, requests)
+        _note_retry(failure, self.url, wait, self.done, self.policy)
+        time.sleep(wait)
+
+
 async def retrying(
     op: Callable[[], Awaitable[T]],
     *,
@@ -185,23 +280,16 @@ async def retrying(
     A caller that made the first attempt itself (a hot path) passes its failure as *first*
     and the attempt's start as *started*.
     """
-    attempt = 1
-    if started is None:
-        started = time.monotonic()
-    sent = started
+    attempts = Attempts(url, policy, started=started)
     failure = first
     while True:
         if failure is None:
-            sent = time.monotonic()
+            attempts.sent()
             try:
                 return await op()
             except AttemptFailed as exc:
                 failure = exc
-        wait = next_wait(failure, policy, attempt, started, sent=sent)
-        if wait is None:
-            raise give_up(failure, url, attempt) from failure.__cause__
-        await backoff(failure, url, wait, attempt, policy)
-        attempt += 1
+        await attempts.failed(failure)
         failure = None
 
 
@@ -217,6 +305,11 @@ async def backoff(
 ) -> None:
     """Count, log and sleep before the next attempt, outside the sample's fetch slot
     (``_control/aside.py``: the in-flight limit counts the requests being answered)."""
+    _note_retry(failure, url, wait, attempt, policy)
+    await sleep_aside(wait)
+
+
+def _note_retry(failure: AttemptFailed, url: str, wait: float, attempt: int, policy: Retry) -> None:
     _stats.note_retry(failure.reason)
     log.info(
         "retrying %s in %.2fs after attempt %d/%d failed: %s",
@@ -226,7 +319,6 @@ async def backoff(
         policy.attempts,
         redact_url(failure.message),
     )
-    await sleep_aside(wait)
 
 
 def next_wait(
