@@ -42,7 +42,7 @@ from .config import (
     prewarm,
     set_pool_size,
 )
-from .retry import AttemptFailed, Retry, backoff, give_up, next_wait, retrying
+from .retry import AttemptFailed, Attempts, Retry, retrying
 
 __all__ = [
     "ObjectInfo",
@@ -226,21 +226,17 @@ async def stream(url: str, *, chunk_size: int = 1 << 20) -> AsyncIterator[bytes]
 async def _stream_remote(
     backend: _base.Backend, url: str, chunk_size: int, options: StorageOptions
 ) -> AsyncGenerator[bytes, None]:
-    policy = options.retry
     hedged = _hedge.applies(url, options)
     offset = 0
-    attempt = 1
-    started = time.monotonic()
+    attempts = Attempts(url, options.retry)
     resume = _base.Resume()
     while True:
         progress = offset
-        sent = time.monotonic()
+        attempts.sent()
         if offset == 0:
             resume.etag = resume.size = None  # nothing delivered yet: any version will do
         opened = (
-            _hedge.open_stream(
-                backend, url, offset, chunk_size, options, policy.attempts - attempt, resume
-            )
+            _hedge.open_stream(backend, url, offset, chunk_size, options, attempts.spare, resume)
             if hedged
             else backend.stream_version(url, offset, chunk_size, options, resume)
         )
@@ -253,14 +249,8 @@ async def _stream_remote(
             return
         except AttemptFailed as failure:
             if offset > progress:  # progress was made: this is a fresh failure, not a repeat
-                attempt = 1
-                started = time.monotonic()
-            attempt += failure.requests - 1  # a hedge that failed too was an attempt
-            wait = next_wait(failure, policy, attempt, started, sent=sent)
-            if wait is None:
-                raise give_up(failure, url, attempt) from failure.__cause__
-            await backoff(failure, url, wait, attempt, policy)
-            attempt += 1
+                attempts.progress()
+            await attempts.failed(failure, failure.requests)  # a hedge that failed too counts
 
 
 async def stat(url: str) -> ObjectInfo:

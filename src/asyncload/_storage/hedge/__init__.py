@@ -27,13 +27,12 @@ Counters (hedges sent and won, per process) are read with ``counts``.
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncGenerator, Awaitable
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..retry import AttemptFailed, Hedge, backoff, give_up, next_wait
+from ..retry import AttemptFailed, Attempts, Hedge
 from . import latency as _latency
 from . import race as _round
 
@@ -98,30 +97,24 @@ async def read(
     backend: Backend, url: str, start: int | None, end: int | None, options: StorageOptions
 ) -> bytes:
     """``Backend.read`` with hedging and retries sharing one count of attempts."""
-    policy = options.retry
     hedge = options.hedge
     assert hedge is not None
     tracker = _latency.prefix_of(url, options)
-    attempt = 0
-    started = time.monotonic()
+
+    def hush(failure: AttemptFailed, wait: float | None) -> None:
+        if failure.retryable:  # throttling or failing: no hedges while it waits, and after
+            tracker.hush(wait or 0.0)
+
+    attempts = Attempts(url, options.retry, judged=hush)
     while True:
-        sent = time.monotonic()
+        attempts.sent()
         try:
             data, _ = await _race(
-                lambda: backend.read(url, start, end, options),
-                tracker,
-                hedge,
-                policy.attempts - attempt - 1,
+                lambda: backend.read(url, start, end, options), tracker, hedge, attempts.spare
             )
             return data
         except AttemptFailed as failure:
-            attempt += failure.requests
-            wait = next_wait(failure, policy, attempt, started, sent=sent)
-            if failure.retryable:  # throttling or failing: no hedges while it waits, and after
-                tracker.hush(wait or 0.0)
-            if wait is None:
-                raise give_up(failure, url, attempt) from failure.__cause__
-            await backoff(failure, url, wait, attempt, policy)
+            await attempts.failed(failure, failure.requests)
 
 
 async def _first(gen: AsyncGenerator[bytes, None]) -> tuple[AsyncGenerator[bytes, None], bytes]:
