@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+from pathlib import Path
 
 import pytest
 
@@ -199,6 +200,31 @@ def test_blocking_retries_are_counted_and_logged(caplog: pytest.LogCaptureFixtur
     assert len(retried) == 2
     assert "attempt 2/3 failed" in retried[1]
     assert "secret" not in "".join(retried)
+
+
+def test_upload_retries_are_counted(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import obstore
+
+    from asyncload._storage.backends import s3
+    from asyncload.datasets._upload import put_file
+
+    failures = [transient(), transient(500)]
+    real_split = s3.split_bucket
+
+    def flaky_split(url: str) -> tuple[str, str, str]:
+        if failures:
+            raise failures.pop(0)
+        return real_split(url)
+
+    puts: list[str] = []
+    monkeypatch.setattr(s3, "split_bucket", flaky_split)
+    monkeypatch.setattr(s3, "_build_store", lambda scheme, bucket, options: object())
+    monkeypatch.setattr(obstore, "put", lambda store, key, path: puts.append(key))
+    before = dict(_stats.recorder.retries)
+    put_file(tmp_path / "shard.tar", "s3://bucket/shard.tar")
+    assert puts == ["shard.tar"]
+    assert _stats.recorder.retries["503"] == before.get("503", 0) + 1
+    assert _stats.recorder.retries["500"] == before.get("500", 0) + 1
 
 
 @pytest.mark.asyncio

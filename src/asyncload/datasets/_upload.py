@@ -9,12 +9,11 @@ attempt can simply be made again, under the prefix's [`Retry`][asyncload.Retry] 
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 from .._storage.api import options_for
 from .._storage.backends.base import split_scheme
-from .._storage.retry import AttemptFailed, give_up, next_wait
+from .._storage.retry import AttemptFailed, Attempts
 
 __all__ = ["OBJECT_STORE_SCHEMES", "is_object_store", "put_file"]
 
@@ -36,7 +35,7 @@ def put_file(path: Path, url: str) -> None:
     from .._storage.backends.s3 import _build_store, map_error, split_bucket
 
     options = options_for(url)
-    attempt, started = 1, time.monotonic()
+    attempts = Attempts(url, options.retry)  # each retry is counted and logged, as reads' are
     while True:
         try:
             scheme, bucket, key = split_bucket(url)
@@ -49,8 +48,4 @@ def put_file(path: Path, url: str) -> None:
                 raise map_error(exc, scheme) from exc
             return
         except AttemptFailed as failure:
-            wait = next_wait(failure, options.retry, attempt, started)
-            if wait is None:
-                raise give_up(failure, url, attempt) from failure.__cause__
-        time.sleep(wait)
-        attempt += 1
+            attempts.failed_sync(failure)
