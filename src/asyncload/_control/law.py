@@ -64,205 +64,19 @@ bursts (0.56 of the rate; pacing the sends would help).
 
 Where it runs: ``_engine/slots.py`` sizes a worker's fetch slots with it (one controller per
 worker, each sample one request; a storage attempt's throttle reaches it through
-``_stats.note_throttle``); ``limiter.py`` has the asyncio semaphore built on it.
+``_stats.note_throttle``); ``limiter.py`` has the asyncio semaphore built on it. What it takes
+and gives (``Outcome``, ``ControlConfig``, ``LimitState``, ``LimitStats``) is ``values.py``'s,
+the unloaded latency and its noise ``latency.py``'s.
 """
 
 from __future__ import annotations
 
-import collections
-import enum
 import math
-from collections.abc import Iterable
-from dataclasses import dataclass
 
-__all__ = ["ControlConfig", "LimitController", "LimitState", "LimitStats", "Outcome"]
+from .latency import BaseLatency
+from .values import ControlConfig, LimitState, LimitStats, Outcome
 
-
-class Outcome(enum.Enum):
-    """What one request's answer tells the controller.
-
-    Examples:
-        >>> Outcome.THROTTLED.value
-        'throttled'
-    """
-
-    OK = "ok"
-    """A response that counts as goodput; its latency is a sample of the store's."""
-    THROTTLED = "throttled"
-    """``503 SlowDown``, ``429``, or any answer with ``Retry-After``: the store says too many."""
-    FAILED = "failed"
-    """Any other failure (a 500, a reset, a timeout): neither goodput nor a throttle."""
-
-
-@dataclass(frozen=True, slots=True)
-class ControlConfig:
-    """The constants of the control law; the defaults are the ones the simulations chose.
-
-    Examples:
-        >>> ControlConfig().initial
-        8
-        >>> ControlConfig(initial=0)
-        Traceback (most recent call last):
-        ...
-        ValueError: ControlConfig needs 1 <= min_limit <= initial <= max_limit
-    """
-
-    initial: int = 8
-    """Requests in flight before anything is known: few enough that a store which throttles at
-    once, or a client with little memory, is not flooded by a loader's first round trip."""
-    min_limit: int = 1
-    """The controller never goes below this (one request in flight always makes progress)."""
-    max_limit: int = 1024
-    """The automatic mode's own ceiling, where the user gave no cap."""
-    slow_start: float = 2.0
-    """Growth per round trip while nothing has pushed back yet (TCP's slow start)."""
-    growth: float = 0.1
-    """Growth per round trip afterwards, as a share of the limit (at least one request)."""
-    low: float = 1.1
-    """Latency (an epoch's median over the unloaded median) under which there is no queue."""
-    high: float = 1.4
-    """Latency ratio over which requests queue for no gain: the limit shrinks back."""
-    backoff: float = 0.8
-    """The limit after a throttle, as a share of the limit before it."""
-    recovery: float = 0.75
-    """Seconds a cut takes to grow back to the limit that was throttled (CUBIC's K)."""
-    probe: float = 1.5
-    """Past this multiple of the throttled limit with no throttle, the store's allowance has
-    risen: the cubic curve gives way to ``growth`` per round trip."""
-    base_window: float = 10.0
-    """Seconds an unloaded latency is remembered (a store's latency can change)."""
-    min_samples: int = 16
-    """Answers an epoch needs at least (two round trips at a limit of 8): with fewer, one
-    slow answer moves the median."""
-    max_samples: int = 64
-    """Answers an epoch needs at most; under it, as many as the limit (one round trip)."""
-    queue_floor: float = 4.0
-    """Requests of ours that may wait in a queue before latency says back off: under it the
-    rise is noise or not ours (at a limit of 2, latency cannot tell a queue of ours)."""
-    rebase_after: int = 3
-    """Backoffs in a row that left latency as it was: the store itself got slower, and its
-    latency now is the new unloaded one."""
-    max_hold: float = 30.0
-    """Longest ``Retry-After`` that freezes growth (the retry path decides about the request)."""
-    cpu_backoff: float = 0.9
-    """The limit per round trip while the CPU lane is the bottleneck, as a share."""
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.min_limit <= self.initial <= self.max_limit:
-            raise ValueError("ControlConfig needs 1 <= min_limit <= initial <= max_limit")
-        if not (self.slow_start > 1 and self.growth > 0 and 1 <= self.low < self.high):
-            raise ValueError("ControlConfig needs slow_start > 1, growth > 0, 1 <= low < high")
-        if not (0 < self.backoff < 1 and 0 < self.cpu_backoff < 1 and self.recovery > 0):
-            raise ValueError("ControlConfig needs 0 < backoff, cpu_backoff < 1 and recovery > 0")
-
-
-@dataclass(frozen=True, slots=True)
-class LimitState:
-    """What a controller learned about a prefix, to start or steer another one with.
-
-    A worker exports it (``LimitController.export``), the main process combines its workers'
-    (``combine``) and hands the result to the next pass's workers (``LimitController(...,
-    learned=...)``) or to the others of this pass (``LimitController.merge``). Times are on the
-    clock every controller of the loader reads (``time.monotonic``, the same in all processes
-    of one machine).
-
-    Examples:
-        >>> a = LimitState(limit=40.0, base_latency=0.05, ceiling=50.0, throttled_at=3.0)
-        >>> b = LimitState(limit=60.0, base_latency=0.04)
-        >>> both = LimitState.combine([a, b])
-        >>> both.limit, both.base_latency, both.throttled_at, both.workers
-        (50.0, 0.04, 3.0, 2)
-        >>> both.for_workers(4).limit
-        25.0
-    """
-
-    limit: float
-    """The requests in flight one worker had (the mean over ``workers`` workers)."""
-    base_latency: float | None = None
-    """The unloaded latency (median of a quiet round trip), seconds; ``None`` if unknown."""
-    ceiling: float | None = None
-    """The per-worker limit at which the store last throttled, if it has."""
-    throttled_at: float | None = None
-    """When the store last throttled one of these workers."""
-    workers: int = 1
-    """How many workers' states this one summarises."""
-
-    @staticmethod
-    def combine(states: Iterable[LimitState]) -> LimitState:
-        """One state for many workers: their mean limit, the lowest latency, the last throttle.
-
-        Raises:
-            ValueError: *states* is empty.
-        """
-        states = list(states)
-        if not states:
-            raise ValueError("LimitState.combine needs at least one state")
-        workers = sum(s.workers for s in states)
-        # Weighted by workers so that combining combined states gives the same mean.
-        limit = sum(s.limit * s.workers for s in states) / workers
-        bases = [s.base_latency for s in states if s.base_latency is not None]
-        ceilings = [(s.ceiling, s.workers) for s in states if s.ceiling is not None]
-        throttles = [s.throttled_at for s in states if s.throttled_at is not None]
-        ceiling = (
-            sum(c * w for c, w in ceilings) / sum(w for _, w in ceilings) if ceilings else None
-        )
-        return LimitState(
-            limit=limit,
-            base_latency=min(bases) if bases else None,
-            ceiling=ceiling,
-            throttled_at=max(throttles) if throttles else None,
-            workers=workers,
-        )
-
-    def for_workers(self, workers: int) -> LimitState:
-        """The per-worker share when the same prefix is read by *workers* workers instead.
-
-        What the store allows is for all the workers together, so the share scales inversely.
-        """
-        scale = self.workers / max(1, workers)
-        return LimitState(
-            limit=self.limit * scale,
-            base_latency=self.base_latency,
-            ceiling=None if self.ceiling is None else self.ceiling * scale,
-            throttled_at=self.throttled_at,
-            workers=workers,
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class LimitStats:
-    """A controller's figures at one moment, for ``loader.stats()`` and the bench.
-
-    Examples:
-        >>> LimitController(now=0.0).stats().phase
-        'slow start'
-    """
-
-    limit: int
-    """Requests allowed in flight now."""
-    in_flight: int
-    """Requests in flight now."""
-    peak_in_flight: int
-    """The most requests in flight at once so far."""
-    requests: int
-    """Requests answered so far, whatever the outcome."""
-    throttled: int
-    """Throttled answers so far (503 SlowDown, 429, Retry-After)."""
-    failed: int
-    """Other failures so far."""
-    cuts: int
-    """Times the limit was cut for a throttle."""
-    backoffs: int
-    """Times the limit shrank for latency (requests queued for no gain) or for the CPU lane."""
-    base_latency: float | None
-    """The unloaded latency, seconds."""
-    latency: float | None
-    """The smoothed median latency of recent round trips, seconds."""
-    phase: str
-    """``"slow start"``, ``"steady"``, ``"recovering"`` (after a throttle) or ``"held"``
-    (``Retry-After`` pending)."""
-    cpu_bound: bool
-    """Whether the CPU lane is reported as the bottleneck."""
+__all__ = ["LimitController"]
 
 
 class LimitController:
@@ -322,15 +136,11 @@ class LimitController:
         self._throttled_at: float | None = None
         self._hold_until = -math.inf
         self._cpu_bound = False
-        # Unloaded latency: the lowest epoch median over base_window seconds, kept as a
-        # monotonic deque of (time, median, answers) so that the minimum is its first entry.
-        self._medians: collections.deque[tuple[float, float, int]] = collections.deque()
-        self._srtt: float | None = None
+        # The unloaded latency (the least epoch median of the last base_window seconds) and
+        # the noise around it, that a queue is measured by.
+        self._latency = BaseLatency(config.base_window)
         self._streak = 0
         self._streak_latency = 0.0
-        # The spread of log-latency (its standard deviation, from the interquartile range):
-        # how much medians vary by chance, so that noise is not read as a queue.
-        self._spread = 0.0
         self._in_flight = 0
         self._peak = 0
         self._epoch_peak = 0
@@ -422,7 +232,7 @@ class LimitController:
         """What this controller learned, for the main process to pass on."""
         return LimitState(
             limit=self._limit,
-            base_latency=self._base(),
+            base_latency=self._latency.base,
             ceiling=self._ceiling,
             throttled_at=self._throttled_at,
         )
@@ -435,7 +245,7 @@ class LimitController:
         sharing a store's allowance converge to equal shares.
         """
         if state.base_latency is not None:
-            self._note_median(now, state.base_latency, self.config.max_samples)
+            self._latency.note(now, state.base_latency, self.config.max_samples)
         if state.throttled_at is not None and state.throttled_at > self._cut_at:
             self._throttled_at = max(self._throttled_at or -math.inf, state.throttled_at)
             self._cut(now)
@@ -464,8 +274,8 @@ class LimitController:
             failed=self._failed,
             cuts=self._cuts,
             backoffs=self._backoffs,
-            base_latency=self._base(),
-            latency=self._srtt,
+            base_latency=self._latency.base,
+            latency=self._latency.smoothed,
             phase=phase,
             cpu_bound=self._cpu_bound,
         )
@@ -475,23 +285,12 @@ class LimitController:
     def _clamp(self, limit: float) -> float:
         return min(self._max, max(self._min, limit))
 
-    def _base(self) -> float | None:
-        return self._medians[0][1] if self._medians else None
-
-    def _note_median(self, now: float, median: float, answers: int) -> None:
-        window = self._medians
-        while window and window[-1][1] >= median:
-            window.pop()
-        window.append((now, median, answers))
-        while window[0][0] < now - self.config.base_window:
-            window.popleft()
-
     def _adopt(self, learned: LimitState, now: float) -> None:
         self._limit = learned.limit
         # Start where the others got to: no slow start (its overshoot is what throttles).
         self._slow_start = False
         if learned.base_latency is not None:
-            self._note_median(now, learned.base_latency, self.config.max_samples)
+            self._latency.note(now, learned.base_latency, self.config.max_samples)
         if learned.ceiling is not None:
             # On the cubic curve's plateau: probe gently past the known ceiling.
             self._ceiling = learned.ceiling
@@ -541,22 +340,10 @@ class LimitController:
 
     def _end_epoch(self, now: float) -> None:
         cfg = self.config
-        latencies = sorted(self._epoch_latencies)
-        n = len(latencies)
-        median = latencies[n // 2]
-        q1, q3 = latencies[n // 4], latencies[(3 * n) // 4]
-        if q1 > 0:
-            spread = math.log(q3 / q1) / 1.349  # a normal's IQR is 1.349 sigma
-            self._spread = spread if self._srtt is None else 0.8 * self._spread + 0.2 * spread
-        self._srtt = median if self._srtt is None else 0.75 * self._srtt + 0.25 * median
-        self._note_median(now, median, n)
-        base, base_answers = self._medians[0][1:]
-        # A median of n has a standard error of 1.25 sigma / sqrt(n) (in log terms). The base
-        # is the least of many such medians, so it sits about two errors below the true one:
-        # lift it by that, and ask a queue to show more than two errors above the band.
-        error = 1.25 * self._spread
-        base *= math.exp(2.0 * error / math.sqrt(base_answers))
-        high = cfg.high * math.exp(2.0 * error / math.sqrt(n))
+        n = len(self._epoch_latencies)
+        # The unloaded latency is lifted by the noise, and the band widened by it (``latency``).
+        median, base, widen = self._latency.epoch(now, self._epoch_latencies)
+        high = cfg.high * widen
         ratio = median / base if base > 0 else 1.0
         # Our requests waiting, by Little's law (Vegas's "diff"): the limit times the share of
         # the latency that is above the unloaded one.
@@ -584,8 +371,7 @@ class LimitController:
             if self._streak >= cfg.rebase_after and median >= 0.9 * self._streak_latency:
                 # Shrinking did not bring latency down: not our queue but a slower store (or
                 # a base that noise made too low). Latency now is the unloaded one.
-                self._medians.clear()
-                self._note_median(now, median, n)
+                self._latency.rebase(now, median, n)
                 self._streak = 0
             self._limit = self._clamp(limit)
             self._new_epoch(now)

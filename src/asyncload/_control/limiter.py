@@ -12,7 +12,8 @@ import collections
 import time
 from collections.abc import Callable, Mapping
 
-from .law import ControlConfig, LimitController, LimitState, LimitStats, Outcome
+from .law import LimitController
+from .values import ControlConfig, LimitState, LimitStats, Outcome
 
 __all__ = ["AdaptiveLimiter", "PrefixLimits"]
 
