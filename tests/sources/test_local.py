@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import errno
 import os
+import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -189,3 +194,107 @@ def test_a_stream_cancelled_while_its_file_opens_leaves_it_closed(tmp_path: Path
     assert not f.closed
     early.abandon()
     assert f.closed
+
+
+class _CountingPool(concurrent.futures.ThreadPoolExecutor):
+    """A loop's default executor that counts the jobs it was given."""
+
+    jobs = 0
+
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
+        self.jobs += 1
+        return super().submit(fn, *args, **kwargs)
+
+
+@pytest.fixture
+def inline(monkeypatch: pytest.MonkeyPatch) -> _local._Inline:
+    """The local backend's inline-read state, fresh for the test."""
+    fresh = _local._Inline()
+    if not fresh.supported:
+        pytest.skip("no preadv2(RWF_NOWAIT) here: every read is a handoff")
+    monkeypatch.setattr(_local._backend, "_inline", fresh)
+    return fresh
+
+
+async def _jobs(reads: Callable[[], Awaitable[None]]) -> int:
+    """How many executor jobs *reads* gave the running loop."""
+    pool = _CountingPool(max_workers=2)
+    asyncio.get_running_loop().set_default_executor(pool)
+    await reads()
+    return pool.jobs
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(30)
+@pytest.mark.usefixtures("inline")
+async def test_a_cached_file_is_read_on_the_loop_and_a_large_one_in_a_thread(
+    tmp_path: Path,
+) -> None:
+    small, large = tmp_path / "small.bin", tmp_path / "large.bin"
+    small.write_bytes(DATA)  # just written: in the page cache
+    big = os.urandom(_local.INLINE_MAX + 1)
+    large.write_bytes(big)
+    ranges = [(None, None), (0, 10), (100, None), (None, 5), (9_990, 20_000), (20_000, None)]
+
+    async def small_reads() -> None:
+        for start, end in ranges:
+            assert await asyncload.read(str(small), start=start, end=end) == DATA[start:end]
+
+    async def large_reads() -> None:
+        assert await asyncload.read(str(large)) == big
+        # A range of it that is small enough is read on the loop.
+        assert await asyncload.read(str(large), start=5, end=1005) == big[5:1005]
+
+    assert await _jobs(small_reads) == 0
+    assert await _jobs(large_reads) == 1
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(30)
+async def test_a_file_not_in_the_page_cache_is_read_in_a_thread(
+    tmp_path: Path, inline: _local._Inline
+) -> None:
+    def written_and_dropped(name: str) -> Path:
+        path = tmp_path / name
+        path.write_bytes(DATA)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)  # clean pages can be dropped
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+        return path
+
+    # (Asking for a page that is not cached starts reading it in: ask of another file.)
+    fd = os.open(written_and_dropped("probe.bin"), os.O_RDONLY)
+    try:
+        os.preadv(fd, [bytearray(10)], 0, os.RWF_NOWAIT)
+        pytest.skip("this filesystem keeps files in memory (tmpfs?): no read waits")
+    except BlockingIOError:
+        pass
+    finally:
+        os.close(fd)
+    path = written_and_dropped("cold.bin")
+
+    async def read() -> None:
+        assert await asyncload.read(str(path)) == DATA
+
+    assert await _jobs(read) == 1  # tried on the loop (nothing waited), then read in a thread
+    assert inline.allowed(time.monotonic())  # a cold file is no reason to stop trying
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(30)
+async def test_a_slow_open_sends_reads_to_threads_for_a_while(
+    tree: Path, inline: _local._Inline, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = str(tree / "d" / "b.bin")
+    monkeypatch.setattr(_local, "SLOW_OPEN", -1.0)  # every open is "slow" (a network mount)
+
+    async def read() -> None:
+        assert await asyncload.read(path) == DATA
+
+    assert await _jobs(read) == 0  # read on the loop, and found slow
+    assert not inline.allowed(time.monotonic())
+    assert await _jobs(read) == 1  # the next one is not tried there
+    assert inline.allowed(time.monotonic() + _local.SLOW_BACKOFF)  # for a while only
