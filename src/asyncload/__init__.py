@@ -59,8 +59,9 @@ from ._storage.api import (
     stat,
     stream,
 )
-from ._storage.cache import CacheCounts, CacheWarning
+from ._storage.cache import CacheCounts
 from ._storage.cache import counts as cache_counts
+from ._storage.cache_reads import CacheWarning
 from ._storage.hedge import HedgeCounts
 from ._storage.hedge import counts as hedge_counts
 from ._storage.retry import Hedge, Retry
