@@ -6,8 +6,10 @@ one job in the loop's default executor (open, seek, read, close in a single hop:
 hops would cost four thread handoffs per sample). The handoff, not the read, was most of the
 loader's own CPU over local files: ~40 us a sample against ~5 us for a cached read, so that
 asyncload spent 0.14-0.16 ms of CPU a 2 KB text sample where torch spent 0.10 (issue #32).
-An open that takes more than ``SLOW_OPEN`` (a network or FUSE mount) sends every read to the
-executor for ``SLOW_BACKOFF`` seconds: such an open would stall the loop. Streaming keeps
+``SLOW_STREAK`` inline reads in a row that took more than ``SLOW_OPEN`` each (the opens of a
+network or FUSE mount) send every read to the executor for ``SLOW_BACKOFF`` seconds: such opens
+would stall the loop. (One slow read is no sign: a busy machine preempts a worker now and then,
+and a 5 us read preempted looked like a slow mount, and halved a text pipeline.) Streaming keeps
 the file open between chunks, each read a hop to the executor; it opens the file through
 ``_Opening``, which never leaves a file open when the stream is cancelled while the open()
 runs in its thread (aiofiles' open would: the file comes back to no one). Listing walks the
@@ -93,9 +95,11 @@ def map_error(exc: OSError, url: str = "") -> AttemptFailed:
 # Inline reads, at most this many bytes: copying more from the page cache takes longer than
 # a handoff costs, and holds up the loop's other samples meanwhile.
 INLINE_MAX = 256 << 10
-# An inline read that took longer than this (its open, on a network mount) ...
-SLOW_OPEN = 0.002
-# ... sends reads to the executor for this many seconds.
+# This many inline reads in a row that each took longer than SLOW_OPEN (their opens, on a
+# network mount) ...
+SLOW_STREAK = 2
+SLOW_OPEN = 0.001
+# ... send reads to the executor for this many seconds.
 SLOW_BACKOFF = 30.0
 _NOWAIT = getattr(os, "RWF_NOWAIT", None)  # Linux 4.14+; elsewhere every read is a handoff
 
@@ -104,14 +108,25 @@ class _Inline:
     """Whether reads may be tried on the loop now. Per process, as the backend is: one page
     cache and one set of mounts per machine; a network mount's slow opens slow every loop."""
 
-    __slots__ = ("supported", "until")
+    __slots__ = ("slow", "supported", "until")
 
     def __init__(self) -> None:
         self.supported = _NOWAIT is not None
         self.until = 0.0  # the executor only, until then (time.monotonic)
+        self.slow = 0  # inline reads in a row slower than SLOW_OPEN
 
     def allowed(self, now: float) -> bool:
         return self.supported and now >= self.until
+
+    def took(self, began: float, now: float) -> None:
+        """An inline read ran from *began* to *now*."""
+        if now - began <= SLOW_OPEN:
+            self.slow = 0
+            return
+        self.slow += 1
+        if self.slow >= SLOW_STREAK:
+            self.slow = 0
+            self.until = now + SLOW_BACKOFF
 
 
 def _read_cached(path: str, start: int | None, end: int | None, inline: _Inline) -> bytes | None:
@@ -188,8 +203,7 @@ class LocalBackend(Backend):
             began = time.monotonic()
             if inline.allowed(began):
                 data = _read_cached(path, start, end, inline)
-                if time.monotonic() - began > SLOW_OPEN:
-                    inline.until = time.monotonic() + SLOW_BACKOFF
+                inline.took(began, time.monotonic())
                 if data is not None:
                     return data
             loop = asyncio.get_running_loop()
