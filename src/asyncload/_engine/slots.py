@@ -1,7 +1,7 @@
 """How many samples one engine fetches at once: a fixed count, or a limit it finds itself.
 
 ``max_concurrency=N`` is a plain semaphore of N slots. ``max_concurrency=None`` (the default)
-sizes the slots with ``_storage.concurrency``'s ``LimitController``, from what the samples'
+sizes the slots with ``_control``'s ``LimitController``, from what the samples'
 answers say (issue #33):
 
 * each sample is one "request" to the controller: its latency from the slot's grant to its
