@@ -16,6 +16,7 @@ import torch.utils.data
 
 import asyncload
 from asyncload._checkpoint.resume import ResumePoint
+from asyncload._engine import WorkerOptions
 from asyncload._loader.pass_iterator import Pass, State
 from asyncload._loader.spec import PassSpec
 from asyncload._protocol.messages import (
@@ -109,7 +110,7 @@ def _spec(
         collate_fn=list,
         worker_init_fn=None,
         num_workers=num_workers,
-        max_concurrency=8,
+        worker_options=WorkerOptions(max_concurrency=8),
         outstanding_per_worker=3,
         in_order=in_order,
         timeout=timeout,
