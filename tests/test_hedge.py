@@ -542,3 +542,14 @@ async def test_one_attempt_to_spare_means_one_hedge_at_most() -> None:
     await _hedge.drain()
     assert copies.ended == ["primary", "cancelled"]
     assert _hedge.counts().sent == 1
+
+
+async def test_a_hundred_requests_at_five_percent_earn_five_whole_hedges() -> None:
+    # 100 x 0.05 adds up to 4.99999999999999: its fifth token must still buy a hedge (the
+    # last stragglers of an epoch, which earns no more, waited for the read timeout instead).
+    policy = asyncload.Hedge(budget=0.05)
+    tracker = _hedge._Prefix(_storage.StorageOptions(hedge=policy))
+    for _ in range(100):
+        tracker.earn(policy)
+    assert tracker.tokens < 5.0
+    assert [tracker.spend() for _ in range(6)] == [True] * 5 + [False]

@@ -25,6 +25,8 @@ _MIN_SAMPLES = 20
 # Tokens a quiet prefix may save up, so a burst of stragglers after a calm period is bounded.
 _MAX_TOKENS = 10.0
 _MAX_PREFIXES = 1024
+# Tokens are sums of budget fractions: a whole one may fall short of 1.0 by rounding.
+_EPSILON = 1e-9
 # Seconds after a throttle or a failure during which a prefix gets no hedges (beyond the
 # retry's own backoff): a hedge to a store that is pushing back or failing only adds to it
 # (issue #33's fault campaign: 3-5 requests per key where 3 were expected).
@@ -83,7 +85,7 @@ class _Prefix:
     def spend(self, reserve: int = 0) -> bool:
         """Take a token for a hedge, leaving *reserve* tokens in the bucket (see ``_RESERVE``);
         none while the prefix is hushed."""
-        if self.tokens < 1.0 + reserve:
+        if self.tokens < 1.0 + reserve - _EPSILON:  # 20 x 0.05 sums to 0.99999...
             return False
         if self.quiet_until and time.monotonic() < self.quiet_until:
             return False
