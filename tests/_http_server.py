@@ -23,7 +23,9 @@ from aiohttp import web
 #   "retry-after:S": 503 with a Retry-After header of S seconds
 #   "short": announce the full Content-Length, send half the body, close the connection
 #   "reset": send headers and a little body, then abort the TCP connection
-#   "stall:S": send headers, then sleep S seconds before the body
+#   "stall:S": send headers, then sleep S seconds before the body (the handler ends when the
+#              client closes the connection: handler_cancellation)
+#   "trickle:S": send headers, then the body in 25 pieces spread over S seconds
 #   "redirect:URL": 302 to URL (relative or absolute)
 #   "short-replace": like "short", then the object becomes ``replacements[path]`` (a new ETag)
 #   "s3-403": 403 with an S3 SignatureDoesNotMatch XML body that echoes fake credentials
@@ -225,10 +227,19 @@ def _make_app(state: ObjectServer) -> web.Application:
             return web.Response(
                 status=status, headers={**headers, "Content-Length": str(len(body))}
             )
-        if fault in ("short", "reset", "short-replace") or (fault or "").startswith("stall:"):
+        if fault in ("short", "reset", "short-replace") or (fault or "").startswith(
+            ("stall:", "trickle:")
+        ):
             resp = web.StreamResponse(status=status, headers=headers)
             resp.content_length = len(body)
             await resp.prepare(request)
+            if fault.startswith("trickle:"):
+                size = -(-len(body) // 25)
+                for at in range(0, len(body), size):
+                    await asyncio.sleep(float(fault.split(":", 1)[1]) / 25)
+                    await resp.write(body[at : at + size])
+                await resp.write_eof()
+                return resp
             if fault.startswith("stall:"):
                 await asyncio.sleep(float(fault.split(":", 1)[1]))
                 await resp.write(body)

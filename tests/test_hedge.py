@@ -544,6 +544,111 @@ async def test_one_attempt_to_spare_means_one_hedge_at_most() -> None:
     assert _hedge.counts().sent == 1
 
 
+# -- issue #33: a response that stops making progress is hedged; one that flows is not -----
+
+
+async def _read_all(urls: list[str], at_once: int = 0) -> tuple[list[bytes], list[float]]:
+    """Read *urls* all at once (one wave), or *at_once* at a time; the answers, and when each
+    came (seconds from the start)."""
+    began = time.monotonic()
+    line = asyncio.Semaphore(at_once or len(urls))
+
+    async def one(url: str) -> tuple[bytes, float]:
+        async with line:
+            data = await asyncload.read(url)
+        return data, time.monotonic() - began
+
+    got = await asyncio.gather(*(one(u) for u in urls))
+    return [data for data, _ in got], [when for _, when in got]
+
+
+async def _released(server: ObjectServer, seconds: float = 2.0) -> bool:
+    """Whether the server has no request left in its handler within *seconds* (bounded)."""
+    for _ in range(int(seconds / 0.01)):
+        if server.active == 0:
+            return True
+        await asyncio.sleep(0.01)
+    return server.active == 0
+
+
+@pytest.mark.timeout(40)
+@pytest.mark.parametrize("learned", [False, True], ids=["first-wave", "learned"])
+@pytest.mark.parametrize("fault", ["body", "headers"])
+async def test_a_response_that_stops_is_hedged_and_its_connection_released(
+    http_server: ObjectServer, learned: bool, fault: str
+) -> None:
+    # Issue #33: among 100 objects read at once, 4 whose first request stops for far longer
+    # than the test, either after its headers (the body stalls) or before them (the server
+    # accepted and says nothing). Each is hedged, within the budget, long before the read
+    # timeout; the others flow meanwhile; the stopped losers' connections are closed. Before,
+    # a fresh prefix's first wave hedged none of its last 4 (nothing sent after them could
+    # overtake them) and they waited for the read timeout; a learned prefix gave most of its
+    # budget to requests waiting in the pool's line for a connection, which are no stragglers
+    # (here 6 of its 10 tokens; with fewer tokens, 2 of the 4 waited for the read timeout).
+    budget = asyncload.Hedge(budget=0.05, min_delay=0.02)
+    _storage.configure(http_server.url, hedge=budget, read_timeout=30.0 if fault == "body" else 2.0)
+    http_server.latency, http_server.jitter = 0.01, 0.01
+    warm = 100 if learned else 0
+    if learned:  # the delay learned at the pool's concurrency; then a wave six times that
+        saved = _storage.pool_size()
+        _storage.set_pool_size(16)
+        warm_urls = [http_server.put(f"warm/{i}", body(i)) for i in range(warm)]
+        try:
+            assert (await _read_all(warm_urls, 16))[0] == [body(i) for i in range(warm)]
+        finally:
+            _storage.set_pool_size(saved)  # the clients made meanwhile keep their 16
+    urls = [http_server.put(f"stop/{i}", body(i)) for i in range(100)]
+    stopped = [3, 50, 98, 99] if learned else [96, 97, 98, 99]  # a wave's last: no one after
+    for i in stopped:
+        if fault == "body":
+            http_server.fail(f"stop/{i}", "stall:20")  # headers, then nothing
+        else:
+            http_server.delay(f"stop/{i}", 20.0)  # nothing at all
+    got, when = await _read_all(urls)
+    assert got == [body(i) for i in range(100)]
+    assert max(when) < 1.5  # not the read timeout (30 s, or 2 s), nor the 20 s stall
+    hits = [http_server.hits[f"stop/{i}"] for i in range(100)]
+    # Each hedged, none retried: a request per copy, within the round's copies (a hedge that
+    # straggles too gets one more, _MAX_HEDGES) and the budget.
+    assert all(2 <= hits[i] <= 1 + _hedge._round._MAX_HEDGES for i in stopped)
+    assert max(hits) <= 1 + _hedge._round._MAX_HEDGES
+    counts = _hedge.counts()
+    assert counts.won >= len(stopped)
+    assert sum(hits) - 100 <= counts.sent <= budget.budget * (100 + warm)
+    # The budget went to them, not to the requests waiting for one of the pool's 16
+    # connections (before: all 10 tokens, 6 of them on the line).
+    assert counts.sent <= len(stopped) + 2
+    # The stopped losers were cancelled and their connections closed: the server's handlers,
+    # which would have waited 20 s, were ended by the disconnects.
+    assert await _released(http_server)
+    assert http_server.cancelled >= len(stopped)
+    await _hedge.drain()
+    assert not _hedge._losers
+    await asyncload.aclose()
+
+
+@pytest.mark.timeout(30)
+async def test_a_body_that_flows_slowly_is_not_hedged(http_server: ObjectServer) -> None:
+    # A response whose bytes keep coming is no straggler, however long it takes: a copy would
+    # only add its transfer to the load. Its hedge timer finds progress and looks again later.
+    _storage.configure(http_server.url, hedge=asyncload.Hedge(budget=0.5, min_delay=0.3))
+    await warm_up(http_server)
+    url = http_server.put("flows.bin", body(5))
+    http_server.fail("flows.bin", "trickle:1.2")  # 25 pieces 48 ms apart: 4 delays in all
+    assert await asyncload.read(url) == body(5)
+    assert http_server.hits["flows.bin"] == 1
+    assert _hedge.counts().sent == 0
+    # The same response stopping for longer than the delay is hedged.
+    stops = http_server.put("stops.bin", body(6))
+    http_server.fail("stops.bin", "stall:20")
+    began = time.monotonic()
+    assert await asyncload.read(stops) == body(6)
+    assert time.monotonic() - began < 3.0
+    assert http_server.hits["stops.bin"] == 2
+    assert await _released(http_server)
+    await asyncload.aclose()
+
+
 async def test_a_hundred_requests_at_five_percent_earn_five_whole_hedges() -> None:
     # 100 x 0.05 adds up to 4.99999999999999: its fifth token must still buy a hedge (the
     # last stragglers of an epoch, which earns no more, waited for the read timeout instead).

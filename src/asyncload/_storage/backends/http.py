@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any
 from urllib.parse import urljoin, urlsplit
 
 import aiohttp
@@ -34,6 +35,7 @@ from .base import (
     hedging,
     pool_size,
     register,
+    watching,
 )
 from .http_errors import (
     check_length,
@@ -76,10 +78,30 @@ class _LoopClient:
         await self.closer.aclose()  # type: ignore[attr-defined]
 
 
+class _Connector(PacedConnector):
+    """Tells a hedged request (``watching``) when it opens a connection and when it has one:
+    its race times it from there, not from when it joined the pool's line (a queue, aiohttp's
+    limit or the pacing's, is no straggler; a connect is timed: a dropped SYN waits 1 s)."""
+
+    async def _create_direct_connection(self, *args: Any, **kwargs: Any) -> Any:
+        # aiohttp's TCP connect, after every wait in line (PacedConnector's included).
+        watch = watching.get()
+        if watch is not None:
+            watch.connecting()
+        return await super()._create_direct_connection(*args, **kwargs)
+
+    async def connect(self, req: Any, traces: Any, timeout: Any) -> Any:
+        conn = await super().connect(req, traces, timeout)
+        watch = watching.get()
+        if watch is not None:
+            watch.connected()
+        return conn
+
+
 def _new_client_session(limit: int) -> aiohttp.ClientSession:
     # Paced: a burst of new connections would overflow a small listen backlog (see _pacing).
     return aiohttp.ClientSession(
-        connector=PacedConnector(limit=limit, keepalive_timeout=30.0),
+        connector=_Connector(limit=limit, keepalive_timeout=30.0),
         auto_decompress=False,
         timeout=aiohttp.ClientTimeout(total=None),
         raise_for_status=False,
@@ -183,7 +205,10 @@ class HttpBackend(Backend):
         if extra:
             headers = {**headers, **extra}
         target = encode_url(url)
+        watch = watching.get()  # a hedged race's primary: it reads how far this request got
         for _ in range(_MAX_REDIRECTS + 1):
+            if watch is not None:
+                watch.queued()  # until the connector says it has a connection (_Connector)
             try:
                 resp = await session.request(
                     method,
@@ -199,6 +224,8 @@ class HttpBackend(Backend):
             if isinstance(connector, PacedConnector):
                 connector.settle(resp)
             if resp.status not in _REDIRECTS:
+                if watch is not None:  # the body's progress, read by the race's timer
+                    watch.answered(resp.content)
                 return resp
             location = resp.headers.get("Location")
             resp.release()

@@ -2,8 +2,8 @@
 
 Object stores have long per-request tails (one request in a hundred takes ten times the
 median). Waiting for a straggler holds a whole batch, so ``read`` and ``open_stream``
-race a *hedge*: when a request has not answered within the delay (a high percentile of the
-recent latencies of its prefix, never below a floor), an identical request is sent (never to
+race a *hedge*: when a request has shown no sign of life for the delay (a high percentile of
+the recent latencies of its prefix, never below a floor), an identical request is sent (never to
 a prefix that throttled or failed in the last ``latency.HUSH`` seconds, nor during a retry's
 backoff: a hedge would add to the overload), whichever
 finishes first is used, and the other is cancelled. A hedge that straggles too gets one more
@@ -14,6 +14,13 @@ counted by the caller from the winner only. A hedge goes out on connections of i
 before the prefix's delay is known (the first wave of a fresh worker) is hedged too, once it is
 slow twice over (see ``_straggles``). Once the delay is known, the request runs in its caller's
 task and a timer sends the hedge, which alone gets a task (``_race_in_place``, Python 3.11+).
+
+A sign of life is what the backend reports through ``backends.base.Progress`` (the HTTP one
+does): the request got its connection (it is not timed while it waits in the pool's line, which
+is no straggler), its headers came, or bytes of its body came since the timer last looked. So a
+body that stalls after its headers is hedged like headers that are late, and one that flows is
+not hedged however long it takes; the timer reads the body's byte count when it fires, nothing
+runs per chunk. A backend that reports nothing is timed from the request's start.
 
 Costs are bounded twice. A token bucket per prefix earns ``Hedge.budget`` tokens per
 request and a hedge spends one, so hedges never exceed ``budget x requests`` (plus nothing: the

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from ..._stats.recorder import note_count
-from ..backends.base import hedging
+from ..backends.base import Progress, hedging, watching
 from ..retry import AttemptFailed, Hedge
 from .latency import _Prefix
 
@@ -51,9 +51,11 @@ def _send(start: Callable[[], Awaitable[T]]) -> asyncio.Future[T]:
     _sent += 1
     note_count("hedges_sent")
     token = hedging.set(True)  # the task copies this context
+    unwatched = watching.set(None)  # not the primary's signs of life
     try:
         return asyncio.ensure_future(start())
     finally:
+        watching.reset(unwatched)
         hedging.reset(token)
 
 
@@ -115,28 +117,53 @@ async def drain() -> None:
         await asyncio.wait(mine)
 
 
+async def _goes_quiet(primary: asyncio.Future[T], watch: Progress, seconds: float) -> bool:
+    """Wait until *primary* has shown no sign of life (*watch*) for *seconds*; whether it is
+    still running then."""
+    loop = primary.get_loop()
+    while True:
+        wait = seconds - watch.quiet(loop.time())
+        if wait <= 0:
+            return not primary.done()
+        if await _settles(primary, wait):
+            return False
+
+
 async def _straggles(
-    primary: asyncio.Future[T], tracker: _Prefix, policy: Hedge, began: float, rank: int
+    primary: asyncio.Future[T], tracker: _Prefix, policy: Hedge, watch: Progress, rank: int
 ) -> bool:
     """For a request sent before its prefix's delay was learned: wait until *primary* is due a
     hedge; whether it is still running then.
 
     A fresh worker sends its first few hundred requests at once; *rank* went before this one.
     It looks again every ``min_delay`` (20 ms at least), and is due only when it is slow twice
-    over: at twice the delay (the first estimate comes from the fastest of that wave), and once
-    requests sent after it have overtaken it (four more have finished than went before it). A
-    request that waited in line for a connection is not overtaken, so the budget goes to the
-    wave's real stragglers. Without this a straggler of the first wave, often in the first
-    batch, would hold it its whole 0.5-2 s.
+    over: quiet for twice the delay (the first estimate comes from the fastest of that wave;
+    quiet: since its connection, its headers or its body's last bytes, as *watch* tells), and
+    not in a line. A request that waited in line for a connection is not timed meanwhile, and
+    one in the server's line is not overtaken, so the budget goes to the wave's real
+    stragglers: those that requests sent after them have overtaken (four more have finished
+    than went before it), those whose response began and then stopped, and, once the wave has
+    ended, those still out when no request of the prefix has finished for twice the delay (a
+    line moves; the end of a wave has no later requests to overtake anything). Without this a
+    straggler of the first wave, often in the first batch, would hold it its whole 0.5-2 s.
     """
     loop = asyncio.get_running_loop()
+    finished, line_moved = tracker.finished, watch.moved
     while True:
+        now = loop.time()
+        if tracker.finished != finished:  # seen a poll late at most: the line looks busier
+            finished, line_moved = tracker.finished, now
         delay = tracker.delay
-        if delay == float("inf") or tracker.finished - rank < _OVERTAKEN:
-            timeout = max(policy.min_delay, _LEARNING_POLL)
-        else:
-            timeout = began + 2 * delay - loop.time()
-            if timeout <= 0:
+        timeout = max(policy.min_delay, _LEARNING_POLL)
+        if delay != float("inf"):
+            due_in = 2 * delay - watch.quiet(now)
+            if due_in > 0:
+                timeout = due_in
+            elif (
+                tracker.finished - rank >= _OVERTAKEN
+                or watch.served
+                or (watch.sent and now - line_moved >= 2 * delay)
+            ):
                 return not primary.done()
         if await _settles(primary, timeout):
             return False
@@ -166,18 +193,25 @@ async def _race(
         return result, 1
     if _IN_PLACE and delay != float("inf"):  # the usual case
         return await _race_in_place(start, tracker, policy, spare, began)
-    primary: asyncio.Future[T] = asyncio.ensure_future(start())
+    watch = Progress(began)
+    token = watching.set(watch)  # the task copies this context
+    try:
+        primary: asyncio.Future[T] = asyncio.ensure_future(start())
+    finally:
+        watching.reset(token)
     straggles = False
     try:
-        if delay != float("inf"):  # Python 3.10: one wait, in this coroutine
-            straggles, asks = not await _settles(primary, delay), 0
+        if delay != float("inf"):  # Python 3.10: the waits in this coroutine
+            straggles, asks = await _goes_quiet(primary, watch, delay), 0
         else:  # slow twice over when it returns: the whole bucket is open to it
-            straggles, asks = await _straggles(primary, tracker, policy, began, rank), _RESERVE
+            straggles, asks = await _straggles(primary, tracker, policy, watch, rank), _RESERVE
         # Refused: ask again a delay later (never sooner than _LEARNING_POLL: min_delay may be
-        # 0), more of the bucket open each time (_RESERVE).
+        # 0), more of the bucket open each time (_RESERVE), if it is still quiet.
         while straggles and not tracker.spend(max(0, _RESERVE - asks)):
             wait = max(tracker.delay, _LEARNING_POLL)
             straggles, asks = not await _settles(primary, wait), asks + 1
+            if straggles:
+                straggles = await _goes_quiet(primary, watch, tracker.delay)
     except BaseException:
         if straggles:  # a straggler cancelled while it asked: its latency is at least this
             tracker.observe(loop.time() - began, policy)
@@ -258,12 +292,13 @@ async def _await_copies(
     raise failure
 
 
-class _InPlace:
+class _InPlace(Progress):
     """A round whose primary request runs in the caller's own task (``_race_in_place``).
 
     A timer sends the hedges; the first hedge to end the round (an answer, or a failure that
     another copy cannot mend) cancels the caller's task, which interrupts the primary where it
-    waits, and the round then takes that hedge's outcome and uncancels the task.
+    waits, and the round then takes that hedge's outcome and uncancels the task. The round is
+    its primary's ``Progress`` too (one object per request): the timer reads it when it fires.
     """
 
     __slots__ = (
@@ -280,7 +315,10 @@ class _InPlace:
         "tracker",
     )
 
-    def __init__(self, start: Callable[[], Awaitable[Any]], tracker: _Prefix, spare: int) -> None:
+    def __init__(
+        self, start: Callable[[], Awaitable[Any]], tracker: _Prefix, spare: int, began: float
+    ) -> None:
+        super().__init__(began)
         task = asyncio.current_task()
         assert task is not None
         self.task = task
@@ -296,7 +334,7 @@ class _InPlace:
         self.outcome: asyncio.Future[Any] | None = None
         self.interrupted = False  # this round cancelled the caller's task
         loop = asyncio.get_running_loop()
-        self.last = loop.time()
+        self.last = began  # when the last copy went out
         self.timer: asyncio.TimerHandle | None = loop.call_later(tracker.delay, self._due)
 
     def _due(self) -> None:
@@ -307,6 +345,14 @@ class _InPlace:
         first = not self.hedges
         tracker = self.tracker
         loop = asyncio.get_running_loop()
+        # Straggled: the primary quiet for a delay (since its connection, its headers or its
+        # body's last bytes: a request waiting in the pool's line, or a body that flows, is no
+        # straggler), and each hedge out for one. Not yet: look again when it would be.
+        now = loop.time()
+        wait = max(self.last, now - self.quiet(now)) + tracker.delay - now
+        if wait > 0:
+            self.timer = loop.call_later(wait, self._due)
+            return
         # The first hedge leaves part of the bucket to later stragglers (_RESERVE); a second
         # one takes what there is.
         if tracker.spend(max(0, _RESERVE - self.asks) if first else 0):
@@ -353,7 +399,8 @@ async def _race_in_place(
     request in twenty at most, gets a task.
     """
     loop = asyncio.get_running_loop()
-    round_ = _InPlace(start, tracker, spare)
+    round_ = _InPlace(start, tracker, spare, began)
+    token = watching.set(round_)  # the backend reports the primary's signs of life
     try:
         try:
             result = await start()
@@ -389,6 +436,7 @@ async def _race_in_place(
         _count_win()
         return outcome.result(), 1 + len(round_.hedges)
     finally:
+        watching.reset(token)
         tracker.observe(loop.time() - began, policy)
         for hedge in round_.hedges:
             _cancel(hedge)
