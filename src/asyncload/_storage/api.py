@@ -13,14 +13,11 @@ themselves.
 
 from __future__ import annotations
 
-import asyncio
-import threading
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
-from typing import Any
 
-from .._exceptions import InvalidURL, LoadError
+from .._exceptions import InvalidURL
 from .._stats import loader_stats as _stats
 from . import cache as _cache
 from . import hedge as _hedge
@@ -307,23 +304,7 @@ def list_files(prefix_url: str) -> list[str]:
         >>> urls = asyncload.list_files("s3://bucket/train/")  # doctest: +SKIP
         >>> dataset = asyncload.RemoteFiles(urls)  # doctest: +SKIP
     """
-    outcome: list[Any] = []
-
-    def run() -> None:
-        try:
-            outcome.append(asyncio.run(_list_and_close(prefix_url)))
-        except BaseException as exc:  # handed to the caller's thread
-            outcome.append(exc)
-
-    thread = threading.Thread(target=run, name="asyncload-list-files", daemon=True)
-    thread.start()
-    thread.join()
-    result = outcome[0]
-    if isinstance(result, BaseException):
-        if isinstance(result, LoadError):
-            raise result.with_traceback(None) from result.__cause__
-        raise result
-    return list(result)
+    return list(_sync.run_detached(lambda: _list_and_close(prefix_url)))
 
 
 # Sessions opened on read_sync's private loop are closed there at exit.

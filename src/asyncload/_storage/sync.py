@@ -1,10 +1,15 @@
-"""Coroutines from synchronous code (``asyncload.read_sync``, datasets under a plain DataLoader).
+"""Coroutines from synchronous code: the one bridge, in two forms.
 
-Every call runs on one long-lived private event loop in a daemon thread of the calling process,
-so it works whether or not the caller's thread runs a loop of its own (Jupyter's, for example,
-where ``asyncio.run`` refuses), and the HTTP session of that loop keeps its connections alive
-from one call to the next. A forked child (a torch worker started with ``fork``) finds the
-parent's loop without its thread and starts its own.
+``run_sync`` (``asyncload.read_sync``, datasets under a plain DataLoader) runs every call on one
+long-lived private event loop in a daemon thread of the calling process, so it works whether or
+not the caller's thread runs a loop of its own (Jupyter's, for example, where ``asyncio.run``
+refuses), and the HTTP session of that loop keeps its connections alive from one call to the
+next. A forked child (a torch worker started with ``fork``) finds the parent's loop without its
+thread and starts its own.
+
+``run_detached`` (``asyncload.list_files``, the CLI's one-off reads) runs one call on a new loop
+in a short-lived thread and leaves nothing behind: what a program calls once before it builds
+its loaders and starts (perhaps forks) their workers.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from typing import Any, TypeVar
 
 from .._exceptions import LoadError
 
-__all__ = ["on_close", "run_sync"]
+__all__ = ["on_close", "run_detached", "run_sync"]
 
 T = TypeVar("T")
 
@@ -53,6 +58,29 @@ def run_sync(coro: Coroutine[Any, Any, T]) -> T:
     except BaseException:
         future.cancel()  # e.g. Ctrl-C while waiting: do not leave the read running
         raise
+
+
+def run_detached(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """Run ``make()`` on a new event loop in a new thread, wait for it, and return its result
+    (or raise its error) here. The loop and the thread are gone when this returns; the
+    coroutine must close what it opened on that loop (its storage sessions)."""
+    outcome: list[Any] = []
+
+    def run() -> None:
+        try:
+            outcome.append(asyncio.run(make()))
+        except BaseException as exc:  # handed to the caller's thread
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run, name="asyncload-detached", daemon=True)
+    thread.start()
+    thread.join()
+    result = outcome[0]
+    if isinstance(result, BaseException):
+        if isinstance(result, LoadError):
+            raise result.with_traceback(None) from result.__cause__
+        raise result
+    return result  # type: ignore[no-any-return]
 
 
 _closers: list[Callable[[], Awaitable[None]]] = []

@@ -5,7 +5,6 @@ Nothing here is public API; ``asyncload.cli`` is the entry point.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import shutil
 import sys
@@ -17,6 +16,7 @@ from urllib.parse import unquote, urljoin, urlsplit
 from .._exceptions import InvalidURL, LoadError, NotFound
 from .._redact import redact_url
 from .._storage import api as _storage
+from .._storage import sync as _sync
 
 __all__ = [
     "MANIFEST",
@@ -173,5 +173,6 @@ async def _read_and_close(url: str) -> bytes:
 
 
 def read_sync(url: str) -> bytes:
-    """Read one object from synchronous code in the main process (a private loop, closed)."""
-    return asyncio.run(_read_and_close(url))
+    """Read one object from synchronous code in the main process (a private loop, closed:
+    nothing is left running when the demo's workers start)."""
+    return _sync.run_detached(lambda: _read_and_close(url))
