@@ -20,6 +20,7 @@ import pytest
 import asyncload
 from asyncload._storage import api as _storage
 from asyncload._storage.backends import pacing as _pacing
+from asyncload._storage.backends import pacing_memory as _memory
 
 from .._http_server import ObjectServer
 
@@ -66,15 +67,15 @@ async def test_a_new_host_gets_a_small_burst_then_is_learned(http_server: Object
     urls = [http_server.put(f"{i}.bin", bytes([i]) * 100) for i in range(N)]
     http_server.latency = LATENCY
     _storage.set_pool_size(64)
-    assert _key(http_server) not in _pacing.learned()
+    assert _key(http_server) not in _memory.learned()
     # Within the first round trip only the burst may be waiting for its first response: all of
     # it in a process that shares it with no other.
-    assert _pacing.first_burst() == _pacing.BURST
-    assert await _first_round_peak(http_server, urls) == _pacing.BURST
+    assert _memory.first_burst() == _memory.BURST
+    assert await _first_round_peak(http_server, urls) == _memory.BURST
     # Later rounds proved more kept-alive connections, which the process now remembers and
     # hands to workers it starts (the storage configuration they receive).
-    proven = _pacing.learned()[_key(http_server)]
-    assert proven > _pacing.BURST
+    proven = _memory.learned()[_key(http_server)]
+    assert proven > _memory.BURST
     assert (_key(http_server), proven) in _storage.export_config().connections
 
 
@@ -99,11 +100,11 @@ async def test_a_trusted_host_gets_what_it_proved_at_once(
 
 @pytest.mark.timeout(10)
 def test_learning_keeps_the_most_and_ignores_other_counters() -> None:
-    _pacing.learn((("connections:example.com:443", 7), ("hedges_sent", 99)))
-    _pacing.learn((("connections:example.com:443", 3),))
-    assert _pacing.learned() == {"example.com:443": 7}
-    _pacing.forget()
-    assert _pacing.learned() == {}
+    _memory.learn((("connections:example.com:443", 7), ("hedges_sent", 99)))
+    _memory.learn((("connections:example.com:443", 3),))
+    assert _memory.learned() == {"example.com:443": 7}
+    _memory.forget()
+    assert _memory.learned() == {}
 
 
 @pytest.mark.timeout(60)
@@ -116,7 +117,7 @@ def test_a_pass_teaches_the_next_one(http_server: ObjectServer) -> None:
         asyncload.RemoteFiles(urls), batch_size=16, num_workers=2, collate_fn=list
     )
     assert sum(len(b) for b in loader) == len(urls)
-    assert _pacing.learned()[_key(http_server)] > _pacing.BURST
+    assert _memory.learned()[_key(http_server)] > _memory.BURST
 
 
 @pytest.mark.asyncio
@@ -133,11 +134,11 @@ async def test_waiting_requests_take_returned_connections_first_come_first_serve
     http_server.latency = LATENCY
     _storage.configure(http_server.url, hedge=None)  # a hedge would be one more request
     _storage.set_pool_size(64)
-    _pacing.share(2)  # one of 2 workers: a burst of 4, so that 40 reads take several rounds
+    _memory.share(2)  # one of 2 workers: a burst of 4, so that 40 reads take several rounds
     # Rounds of 4 and 16 whatever the spread of the first burst's answers (x7 growth would put
     # 32 in the second round, of which the server may take any 16 first).
     monkeypatch.setattr(_pacing, "QUICK_GROWTH", _pacing.GROWTH)
-    assert _pacing.first_burst() == 4
+    assert _memory.first_burst() == 4
     reads = asyncio.gather(*(asyncload.read(u) for u in urls))
     deadline = time.monotonic() + 10
     while sum(http_server.hits.values()) <= 4:  # the second round has begun
@@ -170,7 +171,7 @@ async def test_a_host_that_answers_its_first_burst_together_grows_faster(
     http_server.latency = LATENCY
     _storage.configure(http_server.url, hedge=None)
     _storage.set_pool_size(64)
-    _pacing.share(2)
+    _memory.share(2)
     http_server.finished = 0
     reads = asyncio.gather(*(asyncload.read(u) for u in urls))
     # The second round lasts until one of its requests is answered (the fifth answer): sampled
@@ -232,7 +233,7 @@ async def test_new_connections_start_a_few_per_turn_of_the_loop(http_server: Obj
     urls = [http_server.put(f"{i}.bin", bytes([i]) * 100) for i in range(48)]
     http_server.latency = 0.05
     key = _key(http_server)
-    _pacing.trust({key: 48})
+    _memory.trust({key: 48})
     turn = 0
     ticking = True
 
@@ -288,7 +289,7 @@ async def test_a_late_request_gets_its_turn_when_those_let_go_before_it_are_canc
     for i in range(100):
         http_server.put(f"{i}.bin", bytes([i]) * 100)
     http_server.latency = 0.05
-    _pacing.trust({_key(http_server): 64})  # room for all: the turns are the only limit
+    _memory.trust({_key(http_server): 64})  # room for all: the turns are the only limit
     connector = _pacing.PacedConnector(limit=64, burst=4)
     async with aiohttp.ClientSession(connector=connector) as session:
 
@@ -317,7 +318,7 @@ async def test_closing_the_connector_fails_the_requests_that_wait_at_once(
         http_server.put(f"{i}.bin", bytes([i]) * 100)
     http_server.latency = 0.3
     if trusted:  # 40 at once: 8 go, 32 wait for their turns
-        _pacing.trust({_key(http_server): 64})
+        _memory.trust({_key(http_server): 64})
     # else the slow start's burst (4) goes, 36 wait for room
     opened_after_close = 0
 
@@ -355,7 +356,7 @@ async def test_a_request_cancelled_while_waiting_for_its_turn_gives_it_back(
     urls = [http_server.put(f"{i}.bin", bytes([i]) * 100) for i in range(40)]
     http_server.latency = 0.05
     key = _key(http_server)
-    _pacing.trust({key: 40})
+    _memory.trust({key: 40})
     connector = _pacing.PacedConnector(limit=64, burst=4)
     async with aiohttp.ClientSession(connector=connector) as session:
         get = functools.partial(_paced_get, session)
@@ -376,7 +377,7 @@ async def test_a_request_cancelled_while_waiting_for_its_turn_gives_it_back(
 
 @pytest.mark.asyncio
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize(("sharers", "burst"), [(2, 4), (4, 2), (100, _pacing.MIN_BURST)])
+@pytest.mark.parametrize(("sharers", "burst"), [(2, 4), (4, 2), (100, _memory.MIN_BURST)])
 async def test_a_loaders_workers_share_the_first_burst(
     http_server: ObjectServer, sharers: int, burst: int
 ) -> None:
@@ -411,7 +412,7 @@ def test_a_new_host_sees_one_burst_from_all_the_workers(http_server: ObjectServe
     )
     assert [x for batch in loader for x in batch] == [bytes([i % 256]) * 100 for i in range(128)]
     watcher.join(30)
-    assert max(peaks) == _pacing.BURST
+    assert max(peaks) == _memory.BURST
 
 
 class SlowAcceptServer:
@@ -505,13 +506,13 @@ async def test_an_overflowed_accept_queue_caps_the_host_from_then_on(
     assert await _timed_reads([f"{slow_accept.url}/{i}" for i in range(16)]) >= _pacing.SYN_RETRY
     if before is not None:
         assert (_listen_overflows() or 0) > before  # the drops were real
-    cap = _pacing.caps()[slow_accept.key]
+    cap = _memory.caps()[slow_accept.key]
     assert 1 <= cap <= 2  # half of the 3 or 4 under way when a dropped SYN left
     assert (slow_accept.key, cap) in _storage.export_config().burst_caps
 
     # The next pass's workers trust what the host proved (16 at once), within its cap.
     config = _storage.export_config()
-    _pacing.forget()
+    _memory.forget()
     _storage.import_config(dataclasses.replace(config, connections=((slow_accept.key, 16),)))
     before = _listen_overflows()
     assert await _timed_reads([f"{slow_accept.url}/{i}" for i in range(16, 48)]) < 0.9
@@ -521,13 +522,13 @@ async def test_an_overflowed_accept_queue_caps_the_host_from_then_on(
 
 @pytest.mark.timeout(10)
 def test_a_host_keeps_its_lowest_cap() -> None:
-    _pacing.learn((("burst:example.com:443", 8), ("connections:example.com:443", 40)))
-    _pacing.learn((("burst:example.com:443", 2),))
-    _pacing.learn((("burst:example.com:443", 5), ("burst:other:80", 0)))
-    assert _pacing.caps() == {"example.com:443": 2}
-    assert _pacing.learned() == {"example.com:443": 40}
-    _pacing.forget()
-    assert _pacing.caps() == {}
+    _memory.learn((("burst:example.com:443", 8), ("connections:example.com:443", 40)))
+    _memory.learn((("burst:example.com:443", 2),))
+    _memory.learn((("burst:example.com:443", 5), ("burst:other:80", 0)))
+    assert _memory.caps() == {"example.com:443": 2}
+    assert _memory.learned() == {"example.com:443": 40}
+    _memory.forget()
+    assert _memory.caps() == {}
 
 
 @pytest.mark.timeout(90)
@@ -539,8 +540,8 @@ def test_a_pass_that_overflowed_caps_the_next_one(slow_accept: SlowAcceptServer)
         asyncload.RemoteFiles(urls), batch_size=16, num_workers=2, collate_fn=list
     )
     assert [x for batch in loader for x in batch] == [bytes([i]) * 100 for i in range(64)]
-    assert 1 <= _pacing.caps()[slow_accept.key] <= 2
-    assert (slow_accept.key, _pacing.caps()[slow_accept.key]) in _storage.export_config().burst_caps
+    assert 1 <= _memory.caps()[slow_accept.key] <= 2
+    assert (slow_accept.key, _memory.caps()[slow_accept.key]) in _storage.export_config().burst_caps
 
 
 @pytest.mark.asyncio
@@ -570,5 +571,5 @@ async def test_a_host_that_closes_after_each_response_is_never_trusted(tmp_path:
     finally:
         server.shutdown()
         server.server_close()
-    assert key not in _pacing.learned()
+    assert key not in _memory.learned()
     assert key not in dict(_storage.export_config().connections)

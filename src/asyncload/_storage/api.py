@@ -23,7 +23,7 @@ from . import cache as _cache
 from . import hedge as _hedge
 from . import sync as _sync
 from .backends import base as _base
-from .backends import pacing as _pacing
+from .backends import pacing_memory as _pacing
 from .backends.base import ObjectInfo, StorageOptions, backend_for
 from .config import (
     StorageConfig,

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .backends import base as _base
-from .backends import pacing as _pacing
+from .backends import pacing_memory as _pacing
 from .backends.base import DEFAULT_OPTIONS, StorageOptions
 
 __all__ = [

@@ -20,60 +20,42 @@ loader's first batch takes two round trips instead of three; any other keeps the
 However many it may open, a connector starts about ``PER_TURN`` new connections per turn of
 the event loop, first come first served.
 
-Slow start costs round trips: at 50 ms per request a pool of 128 takes ~5 of them to fill, and
-every pass of a loader starts new worker processes with empty pools. So a process remembers how
-many kept-alive connections each host has held at once (``learned``; a worker's count rides to
-the main process in its stats as ``connections:<host>:<port>``), the main process hands what its
-workers learned to the next pass's workers (``trust``, through the storage configuration), and
-a host that has proven it takes *n* connections starts with ``min(n, TRUSTED_BURST)`` of them in
-flight instead of ``burst``.
+Slow start costs round trips, and every pass of a loader starts new worker processes with empty
+pools: a host that has proven it takes *n* connections starts with ``min(n, TRUSTED_BURST)`` of
+them in flight instead of ``burst``. What a process learned of its hosts, and hands on to the
+next pass's workers, is ``pacing_memory``.
 
 A listen backlog can be smaller than what a host proved it holds, and a server busy serving may
 leave its accept queue full: then a SYN is dropped, and its connect completes only when the
 kernel retries it, after 1 s. A connect that took that long (``SYN_RETRY``) is that evidence, so
 the host's new connections in flight are capped from then on at half as many as were under way
 when it started, in this pass and, like what a host proved, in the next ones: the counter
-``burst:<host>:<port>`` carries the cap to the main process (``caps``), and ``trust`` to the
-next workers. The first overflow costs its requests that second; later ones are avoided.
+``burst:<host>:<port>`` carries the cap to the main process (``pacing_memory.caps``), and
+``trust`` to the next workers. The first overflow costs its requests that second; later ones
+are avoided.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import Callable
 from typing import Any
 
 import aiohttp
 
 from ..._stats.recorder import note_count, note_level
+from . import pacing_memory as _memory
+from .pacing_memory import CAP_COUNTER, COUNTER, first_burst
 
 __all__ = [
-    "BURST",
     "GROWTH",
     "PER_TURN",
     "QUICK_GROWTH",
     "SYN_RETRY",
     "TRUSTED_BURST",
     "PacedConnector",
-    "caps",
-    "first_burst",
-    "forget",
-    "learn",
-    "learned",
-    "share",
-    "trust",
 ]
 
-# New connections per host that may await their first response at once, for all the processes
-# of a loader together: each of its n workers gets BURST // n (``share``), MIN_BURST at least.
-# Python's http.server queues 6 connections and accepts slowly when busy; what overflows anyway
-# is caught by the cap (``SYN_RETRY``), but each dropped SYN waits 1 s, then 3 s, then 7 s, so a
-# bigger first burst is not worth its speed: at 16 (a 2-worker whole run 0.82-0.88 of the raw
-# loop instead of 0.74-0.79), a server that accepts 20 connections a second took 31 s to answer
-# 64 requests instead of 1.6 s. (4 per process before: the same 8 with 2 workers, 32 with 8.)
-BURST = 8
-MIN_BURST = 2
 # Seconds after which a connection with no response gives its slot back anyway (a stalled
 # server must not hold up new connections for good); the first SYN retry comes at 1 s.
 GRACE = 1.0
@@ -108,89 +90,6 @@ PER_TURN = 8
 # connection every 10 ms or slower spreads any two of them further. (Not a share of the
 # latency: a server that accepts every 15 ms and answers in 900 ms would pass 5% of it.)
 QUICK_SPREAD = 0.010
-# The stats counters that a worker's proven connections and caps per host ride in:
-# "connections:host:port" and "burst:host:port".
-COUNTER = "connections:"
-CAP_COUNTER = "burst:"
-_MAX_HOSTS = 1024
-
-# host:port -> the most kept-alive connections it held at once for one process. Per process:
-# every connector of the process starts from what any of them proved, and export_config sends
-# it to the next pass's workers.
-_learned: dict[str, int] = {}
-# host:port -> the most new connections it may have in flight at once, after an overflow.
-# Per process: the host's accept queue is one, so an overflow seen by any connector (a hedge
-# session's too) caps them all.
-_caps: dict[str, int] = {}
-# The processes reading the same hosts that this one shares BURST with (a loader's workers).
-# Per process: import_config sets it when the worker starts, and the connectors the backends
-# build later, lazily, have no loader to ask.
-_sharers = 1
-
-
-def share(n: int) -> None:
-    """This process is one of *n* (a loader's workers) that read the same hosts: connectors
-    made from now on start new hosts with its share of ``BURST``."""
-    global _sharers
-    _sharers = max(1, n)
-
-
-def first_burst() -> int:
-    """New connections a new host may have awaiting their first response at once, in this
-    process (its share of ``BURST``)."""
-    return max(MIN_BURST, BURST // _sharers)
-
-
-def learned() -> dict[str, int]:
-    """Connections per ``host:port`` that hosts have proven to take (this process's knowledge)."""
-    return dict(_learned)
-
-
-def caps() -> dict[str, int]:
-    """New connections in flight per ``host:port``, at most, for hosts whose accept queue
-    overflowed (this process's knowledge)."""
-    return dict(_caps)
-
-
-def trust(
-    hints: dict[str, int] | tuple[tuple[str, int], ...],
-    limits: dict[str, int] | tuple[tuple[str, int], ...] = (),
-) -> None:
-    """Start new connectors' hosts from *hints* (``learned()`` of another process) and *limits*
-    (its ``caps()``)."""
-    for key, n in dict(hints).items():
-        _remember(_learned, key, n, max)
-    for key, n in dict(limits).items():
-        _remember(_caps, key, n, min)
-
-
-def learn(counts: tuple[tuple[str, int], ...]) -> None:
-    """Take a worker's proven connections and caps from its stats counters
-    (``RecorderSnapshot.counts``)."""
-    for name, n in counts:
-        if name.startswith(COUNTER):
-            _remember(_learned, name[len(COUNTER) :], n, max)
-        elif name.startswith(CAP_COUNTER):
-            _remember(_caps, name[len(CAP_COUNTER) :], n, min)
-
-
-def forget() -> None:
-    """Forget every host's proven connections and caps, and the processes sharing (tests)."""
-    global _sharers
-    _learned.clear()
-    _caps.clear()
-    _sharers = 1
-
-
-def _remember(known: dict[str, int], key: str, n: int, keep: Callable[[int, int], int]) -> None:
-    """Keep *n* for *key* if *keep* (max, min) prefers it to what *known* has."""
-    if n <= 0:
-        return
-    old = known.get(key)
-    if old is None or keep(n, old) != old:
-        if len(known) >= _MAX_HOSTS and old is None:
-            known.clear()
-        known[key] = n
 
 
 class _Host:
@@ -220,7 +119,7 @@ class _Host:
         self.proven: set[Any] = set()
         self.kept: set[Any] = set()  # connections that went back to the pool after a response
         self.most = 0  # the most of those held at once
-        self.trusted = min(_learned.get(key, 0), TRUSTED_BURST)
+        self.trusted = min(_memory.proven(key), TRUSTED_BURST)
         self.waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self.woken = 0  # waiters told to go that have not run yet: they keep their turn
 
@@ -234,7 +133,7 @@ class _Host:
         kept = sum(1 for p in self.proven if not p.should_close)
         growth = QUICK_GROWTH if self.quick else GROWTH
         limit = max(burst + growth * kept, self.trusted)
-        cap = _caps.get(self.key)  # the process's: a hedge session's overflow counts too
+        cap = _memory.cap(self.key)  # the process's: a hedge session's overflow counts too
         return limit if cap is None else min(limit, cap)
 
     def room(self, burst: int) -> int:
@@ -254,7 +153,7 @@ class _Host:
                 # Counted into the running engine's stats, so the main process learns it too.
                 note_count(COUNTER + self.key, len(self.kept) - self.most)
                 self.most = len(self.kept)
-                _remember(_learned, self.key, self.most, max)
+                _memory.remember_proven(self.key, self.most)
 
     def answered(self, latency: float | None, burst: int) -> None:
         """A new connection got its first response *latency* seconds after its connect began
@@ -274,9 +173,10 @@ class _Host:
         """A connect waited for a SYN retry while *under_way* new connections were (itself
         included; see module doc): cap the new connections in flight at half that."""
         cap = max(1, under_way // 2)
-        if cap < _caps.get(self.key, cap + 1):
+        known = _memory.cap(self.key)
+        if known is None or cap < known:
             note_level(CAP_COUNTER + self.key, cap)  # the running engine's stats carry it over
-            _remember(_caps, self.key, cap, min)
+            _memory.remember_cap(self.key, cap)
 
     def wake(self, n: int) -> None:
         """Let the first *n* waiters go, in the order they came."""
