@@ -35,7 +35,6 @@ from .base import (
     hedging,
     pool_size,
     register,
-    watching,
 )
 from .http_errors import (
     check_length,
@@ -47,6 +46,7 @@ from .http_errors import (
     total_size,
 )
 from .pacing import PacedConnector
+from .progress import watching
 
 __all__ = ["HttpBackend", "map_error"]
 

@@ -15,7 +15,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from ..._stats.recorder import note_count
-from ..backends.base import Progress, hedging, watching
+from ..backends.base import hedging
+from ..backends.progress import Progress, watching
 from ..retry import AttemptFailed, Hedge
 from .latency import _Prefix
 
