@@ -359,7 +359,7 @@ def encode_url(url: str) -> str:
     a lone surrogate, whitespace in the host, a port out of range, a broken IPv6 literal.
 
     Examples:
-        >>> encode_url("http://h/a b\tc.bin?x=ä")
+        >>> encode_url("http://h/a b\\tc.bin?x=ä")
         'http://h/a%20b%09c.bin?x=%C3%A4'
     """
     if _WIRE_READY.match(url) and "%" not in url:
