@@ -16,6 +16,7 @@ from asyncload._exceptions import NotFound, ServerError
 from asyncload._stats import loader_stats as _stats
 from asyncload._storage import api as _storage
 from asyncload._storage import hedge as _hedge
+from asyncload._storage.hedge import race as _round
 from asyncload._storage.retry import AttemptFailed
 
 from ._http_server import ObjectServer
@@ -610,8 +611,8 @@ async def test_a_response_that_stops_is_hedged_and_its_connection_released(
     hits = [http_server.hits[f"stop/{i}"] for i in range(100)]
     # Each hedged, none retried: a request per copy, within the round's copies (a hedge that
     # straggles too gets one more, _MAX_HEDGES) and the budget.
-    assert all(2 <= hits[i] <= 1 + _hedge._round._MAX_HEDGES for i in stopped)
-    assert max(hits) <= 1 + _hedge._round._MAX_HEDGES
+    assert all(2 <= hits[i] <= 1 + _round._MAX_HEDGES for i in stopped)
+    assert max(hits) <= 1 + _round._MAX_HEDGES
     counts = _hedge.counts()
     assert counts.won >= len(stopped)
     assert sum(hits) - 100 <= counts.sent <= budget.budget * (100 + warm)

@@ -40,15 +40,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..retry import AttemptFailed, Attempts, Hedge
+from . import copies as _copies
 from . import latency as _latency
-from . import race as _round
 
 # The parts' settings and state, under the names tests and docs use (explicit re-exports).
+from .copies import _losers as _losers
+from .copies import drain
 from .latency import _MAX_TOKENS as _MAX_TOKENS
 from .latency import _Prefix as _Prefix
 from .race import _LEARNING_POLL as _LEARNING_POLL
-from .race import _losers as _losers
-from .race import _race, drain
+from .race import _race
 
 if TYPE_CHECKING:
     from ..backends.base import Backend, Resume, StorageOptions
@@ -84,13 +85,13 @@ def counts() -> HedgeCounts:
         >>> after.sent - before.sent  # hedges that read needed
         0
     """
-    return HedgeCounts(sent=_round._sent, won=_round._won)
+    return HedgeCounts(sent=_copies._sent, won=_copies._won)
 
 
 def reset() -> None:
     """Forget every learned latency and zero the counters (tests)."""
     _latency.forget()
-    _round._sent = _round._won = 0
+    _copies._sent = _copies._won = 0
 
 
 def applies(url: str, options: StorageOptions) -> bool:

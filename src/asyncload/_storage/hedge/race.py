@@ -1,7 +1,7 @@
 """One round of a hedged request: the request, and copies of it while every copy straggles.
 
 ``_race`` returns the first answer and cancels the other copies; their cleanup (a response
-released, a connection closed) is waited for by ``drain`` before clients close. Once the
+released, a connection closed) is waited for by ``copies.drain`` before clients close. Once the
 prefix's delay is known the request runs in its caller's own task and only a hedge gets a task
 (``_race_in_place``); before that, every request is watched from a task of its own
 (``_straggles``).
@@ -14,13 +14,12 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from ..._stats.recorder import note_count
-from ..backends.base import hedging
 from ..backends.progress import Progress, watching
 from ..retry import AttemptFailed, Hedge
+from .copies import _cancel, _count_win, _send
 from .latency import _Prefix
 
-__all__ = ["drain"]  # and _race, for the package
+__all__: list[str] = []  # _race, for the package
 
 T = TypeVar("T")
 
@@ -40,36 +39,7 @@ _MAX_HEDGES = 2
 # Task.uncancel() (3.11) lets a round run its primary in the caller's task (_race_in_place).
 _IN_PLACE = sys.version_info >= (3, 11)
 
-# Hedges sent and won by this process (``counts``). Per process: hedge_counts() sums every
-# reader of the process (own coroutines, read_sync, a loader without workers).
-_sent = 0
-_won = 0
-
-
-def _send(start: Callable[[], Awaitable[T]]) -> asyncio.Future[T]:
-    """The hedge, in a task of its own that the backend knows for one (``hedging``); counted."""
-    global _sent
-    _sent += 1
-    note_count("hedges_sent")
-    token = hedging.set(True)  # the task copies this context
-    unwatched = watching.set(None)  # not the primary's signs of life
-    try:
-        return asyncio.ensure_future(start())
-    finally:
-        watching.reset(unwatched)
-        hedging.reset(token)
-
-
-# Per process: cancelled hedges of every loop, kept alive until their cleanup ran; aclose()
-# (``drain``) waits for its loop's ones before it closes the clients, which all readers share.
-_losers: set[asyncio.Future[object]] = set()
 _STOPPED: Any = object()  # _InPlace.outcome once the round is over
-
-
-def _discard(fut: asyncio.Future[object]) -> None:
-    _losers.discard(fut)
-    if not fut.cancelled():
-        fut.exception()  # retrieved: a loser's failure is not an error anyone should see
 
 
 async def _settles(fut: asyncio.Future[T], timeout: float) -> bool:
@@ -95,27 +65,6 @@ async def _settles(fut: asyncio.Future[T], timeout: float) -> bool:
         timer.cancel()
         fut.remove_done_callback(wake)
     return fut.done()
-
-
-def _cancel(fut: asyncio.Future[T]) -> None:
-    if fut.done():
-        if not fut.cancelled():
-            fut.exception()
-        return
-    fut.cancel()
-    # Keep a reference until the cancellation has run the loser's cleanup (response released).
-    _losers.add(fut)  # type: ignore[arg-type]
-    fut.add_done_callback(_discard)  # type: ignore[arg-type]
-
-
-async def drain() -> None:
-    """Wait until every cancelled loser of this loop has finished cleaning up (before closing
-    clients). Losers of a loop that closed meanwhile were finalized with it: forgotten."""
-    loop = asyncio.get_running_loop()
-    for fut in [f for f in _losers if f.get_loop().is_closed()]:
-        _losers.discard(fut)
-    while mine := [f for f in _losers if f.get_loop() is loop]:
-        await asyncio.wait(mine)
 
 
 async def _goes_quiet(primary: asyncio.Future[T], watch: Progress, seconds: float) -> bool:
@@ -234,13 +183,6 @@ async def _race(
         tracker.observe(loop.time() - began, policy)
         for fut in copies:
             _cancel(fut)
-
-
-def _count_win() -> None:
-    """A hedge answered first."""
-    global _won
-    _won += 1
-    note_count("hedges_won")
 
 
 async def _await_copies(
