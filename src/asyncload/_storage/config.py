@@ -43,10 +43,10 @@ class StorageConfig:
     pool_size: int
     """Connection-pool size for lazily created clients."""
     connections: tuple[tuple[str, int], ...] = ()
-    """Connections per ``host:port`` that hosts proved to take (``sources._pacing``)."""
+    """Connections per ``host:port`` that hosts proved to take (``backends.pacing_memory``)."""
     burst_caps: tuple[tuple[str, int], ...] = ()
     """New connections in flight per ``host:port``, at most, for hosts whose accept queue
-    overflowed (``sources._pacing``)."""
+    overflowed (``backends.pacing_memory``)."""
 
 
 # Longest prefix first, so the first match is the most specific one. Per process: every read
@@ -249,7 +249,7 @@ def _client_environ() -> dict[str, str]:
 
 def learn_connections(counts: tuple[tuple[str, int], ...]) -> None:
     """Take the connections hosts proved to a worker, from its stats counters, so the next
-    pass's workers start with them (see ``sources._pacing``)."""
+    pass's workers start with them (see ``backends.pacing_memory``)."""
     _pacing.learn(counts)
 
 

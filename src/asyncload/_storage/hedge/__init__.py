@@ -15,7 +15,7 @@ before the prefix's delay is known (the first wave of a fresh worker) is hedged 
 slow twice over (see ``_straggles``). Once the delay is known, the request runs in its caller's
 task and a timer sends the hedge, which alone gets a task (``_race_in_place``, Python 3.11+).
 
-A sign of life is what the backend reports through ``backends.base.Progress`` (the HTTP one
+A sign of life is what the backend reports through ``backends.progress.Progress`` (the HTTP one
 does): the request got its connection (it is not timed while it waits in the pool's line, which
 is no straggler), its headers came, or bytes of its body came since the timer last looked. So a
 body that stalls after its headers is hedged like headers that are late, and one that flows is
