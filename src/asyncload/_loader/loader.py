@@ -1,10 +1,10 @@
 """``asyncload.DataLoader``: torch's DataLoader, with an event loop in every worker.
 
-The loader holds torch's arguments, counts epochs, saves and loads checkpoints (``_checkpoint``),
-and starts passes: it resolves its settings into a frozen ``_pass.PassSpec`` and hands that,
-with the resume point, to a ``_pass.Pass``, which does the rest
-(``_loader/pass_iterator.py``). With persistent workers it keeps that pass and restarts it every
-epoch; the workers belong to the pass, so a temporary loader (``for b in DataLoader(...)``) is fine.
+The loader holds torch's arguments, counts epochs, saves and loads checkpoints (``state``),
+and starts passes: it resolves its settings into a frozen ``spec.PassSpec`` (``settings``) and
+hands that, with the resume point, to a ``pass_iterator.Pass``, which does the rest. With
+persistent workers it keeps that pass and restarts it every epoch; the workers belong to the
+pass, so a temporary loader (``for b in DataLoader(...)``) is fine.
 """
 
 from __future__ import annotations
@@ -13,9 +13,7 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import inspect
-import math
 import time
-import warnings
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any, Generic, Literal, TypeVar
@@ -29,16 +27,15 @@ from .._checkpoint.resume import ResumePoint
 from .._dataset import sample_errors as _budget
 from .._dataset import sharding as _sharding
 from .._engine.options import WorkerOptions
-from .._engine.slots import learned_from, most_in_flight
+from .._engine.slots import most_in_flight
 from .._stats import loader_stats as _stats
 from .._workers import StandbySlot
-from .._workers.pin_memory import accelerator_device
 from .._workers.reaper import reaper
 from .._workers.start_method.context import early_context, start_early
 from . import state as _checkpoint
 from .lookahead import DEFAULT_PREFETCH_BYTES
 from .pass_iterator import Pass, State
-from .spec import PassSpec
+from .settings import outstanding_per_worker, pass_spec
 
 __all__ = ["DataLoader"]
 
@@ -207,12 +204,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
         self.in_order = in_order
         self.prefetch_bytes = prefetch_bytes
         per_batch = self.batch_size if self._auto_collation and self.batch_size else 1
-        # Enough batches per worker that max_concurrency samples are in flight, plus one being
-        # collated or in transit.
-        self._outstanding_per_worker = (
-            prefetch_factor
-            if prefetch_factor is not None
-            else math.ceil(most_in_flight(max_concurrency, self.num_workers) / per_batch) + 1
+        self._outstanding_per_worker = outstanding_per_worker(
+            prefetch_factor, max_concurrency, self.num_workers, per_batch
         )
         self._tally: _stats.Tally | None = None
         self._persistent_pass: Pass | None = None
@@ -222,7 +215,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
         self._resume: ResumePoint | None = None
         self._standby: StandbySlot | None = None
         if self.num_workers > 0:
-            # Processes started ahead of the pass that takes them (_workers/_standby.py): the
+            # Processes started ahead of the pass that takes them (_workers/standby.py): the
             # first pass's from here, in the background, overlapping the caller's set-up (with
             # the forkserver's one-time imports); without persistent workers, each pass starts
             # the next one's once it has sent its last task.
@@ -248,51 +241,9 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
         """Threads of each worker's CPU lane; ``None``: its share of the cores."""
         return self._worker_options.cpu_threads
 
-    def _spec(self) -> PassSpec:
-        if self.pin_memory and self.pin_memory_device:
-            warnings.warn(
-                "pin_memory_device is deprecated, the current accelerator will be used as the "
-                f"device, ignore pin_memory_device='{self.pin_memory_device}'.",
-                stacklevel=4,
-            )
-        pin_device = accelerator_device() if self.pin_memory else None
-        if self.pin_memory and pin_device is None:
-            _warn_no_accelerator()
-        return PassSpec(
-            dataset=self.dataset,
-            is_iterable=isinstance(self.dataset, torch.utils.data.IterableDataset),
-            auto_collation=self._auto_collation,
-            index_sampler=self._index_sampler,
-            batch_size=self.batch_size,
-            drop_last=self.drop_last,
-            collate_fn=self.collate_fn,
-            worker_init_fn=self.worker_init_fn,
-            num_workers=self.num_workers,
-            worker_options=self._worker_options,
-            outstanding_per_worker=self._outstanding_per_worker,
-            in_order=self.in_order,
-            timeout=self.timeout,
-            persistent=self.persistent_workers,
-            pin_device=pin_device,
-            generator=self.generator,
-            multiprocessing_context=self.multiprocessing_context,
-            prefetch_bytes=self.prefetch_bytes,
-            sample_errors=self._sample_errors,
-            standby=self._standby,
-            learned_limit=self._learned_limit(),
-        )
-
-    def _learned_limit(self) -> Any:
-        """Where the next pass's adaptive limits start: where the last pass's workers got to
-        (no slow start again, and a store's throttle remembered), or ``None``."""
-        if self.max_concurrency is not None or self._tally is None:
-            return None
-        snaps = self._tally.snapshots()
-        return learned_from([s.learned for s in snaps], max(1, self.num_workers))
-
     def _get_iterator(self) -> Pass:  # type: ignore[override]
         resume, self._resume = self._resume, None  # used up by the pass it starts
-        spec = self._spec()
+        spec = pass_spec(self)
         self._pass_deal, self._deal = self._deal, None
         if self._pass_deal is not None:  # an elastic resume: this pass reads the re-deal
             deal = self._pass_deal
@@ -410,17 +361,3 @@ async def _aiter(loader: DataLoader[Any]) -> AsyncIterator[Any]:
         if it is not None and not loader.persistent_workers:
             await loop.run_in_executor(pool, it.close)
         pool.shutdown(wait=False)
-
-
-_warned_pin = False
-
-
-def _warn_no_accelerator() -> None:
-    global _warned_pin
-    if not _warned_pin:
-        _warned_pin = True
-        warnings.warn(
-            "'pin_memory' argument is set as true but no accelerator is found, "
-            "then device pinned memory won't be used.",
-            stacklevel=5,
-        )
