@@ -344,3 +344,62 @@ def test_samples_waiting_to_retry_hold_no_slot() -> None:
     calm = [taken - answering for answering, waiting, taken in ds.watch if waiting >= 15]
     assert calm
     assert min(calm) <= 4, ds.watch
+
+
+@pytest.mark.timeout(10)
+def test_a_task_left_running_by_its_sample_never_keeps_a_slot() -> None:
+    async def main() -> None:
+        slots = Slots(None, initial=4)
+        c = slots.controller
+        assert c is not None
+        held = Held(slots, await slots.acquire())
+
+        async def stray() -> None:  # started by a sample, outlives it, and backs off
+            _aside.seat.set(held)
+            await _aside.sleep_aside(0.05)
+
+        task = asyncio.ensure_future(stray())
+        await asyncio.sleep(0.01)
+        held.release(True)  # the sample's task is done with its slot
+        assert c.in_flight == 0
+        await asyncio.wait_for(task, 1)  # woke and took nothing (or gave it straight back)
+        assert c.in_flight == 0
+        assert not held.held
+
+    asyncio.run(main())
+
+
+@pytest.mark.timeout(10)
+def test_slots_given_back_are_taken_again_in_the_order_they_were_given() -> None:
+    async def main() -> None:
+        slots = Slots(None, initial=1)
+        c = slots.controller
+        assert c is not None
+        granted = await slots.acquire()
+        order: list[str] = []
+
+        async def take(name: str, first: bool) -> None:
+            got = await slots.acquire(first=first)
+            order.append(name)
+            slots.release(got, True)
+
+        tasks = [
+            asyncio.ensure_future(take("new", False)),
+            asyncio.ensure_future(take("retry-1", True)),
+            asyncio.ensure_future(take("retry-2", True)),
+        ]
+        await asyncio.sleep(0)
+        slots.release(granted, True)
+        await asyncio.wait_for(asyncio.gather(*tasks), 1)
+        assert order == ["retry-1", "retry-2", "new"]
+        # A grant cancelled before its holder ran teaches nothing (no failed request).
+        granted = await slots.acquire()
+        waiter = asyncio.ensure_future(slots.acquire())
+        await asyncio.sleep(0)
+        slots.release(granted, True)  # granted to the waiter ...
+        waiter.cancel()  # ... which is cancelled in the same turn
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        assert (c.in_flight, c.stats().failed) == (0, 0)
+
+    asyncio.run(main())

@@ -212,9 +212,9 @@ class LimitController:
         self._in_flight = max(0, self._in_flight - 1)
 
     def throttled(self, now: float, sent: float, retry_after: float | None = None) -> None:
-        """A request sent at *sent* was told "too many" at *now* and is being retried: it
-        stays in flight (its final answer comes through ``finished``), but the limit is cut
-        now, as for a ``THROTTLED`` answer."""
+        """A request sent at *sent* was told "too many" at *now* and is being retried: its
+        final answer comes through ``finished`` (or ``returned``, if it gave its slot back
+        while it waited), but the limit is cut now, as for a ``THROTTLED`` answer."""
         self._throttled += 1
         self._throttle(now, sent, retry_after)
 

@@ -53,6 +53,9 @@ class AdaptiveLimiter:
         self.controller = controller or LimitController(now=(clock or time.monotonic)())
         self._clock = clock
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        # Requests that gave their slot back for a while (a retry's backoff): served before
+        # the others, in the order they came.
+        self._firsts: collections.deque[asyncio.Future[None]] = collections.deque()
 
     def _now(self) -> float:
         return self._clock() if self._clock is not None else asyncio.get_running_loop().time()
@@ -61,25 +64,25 @@ class AdaptiveLimiter:
         """Wait for a slot; the request counts as started when this returns. *first*: ahead
         of those waiting (a request that had a slot and gave it back for a while)."""
         c = self.controller
-        if not self._waiters and c.in_flight < c.limit:
+        line = self._firsts if first else self._waiters
+        ahead = self._firsts or (not first and self._waiters)  # who would go before it
+        if not ahead and c.in_flight < c.limit:
             c.started(self._now())
             return
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        if first:
-            self._waiters.appendleft(waiter)
-        else:
-            self._waiters.append(waiter)
+        line.append(waiter)
         try:
             await waiter
         except asyncio.CancelledError:
             if waiter.done() and not waiter.cancelled():
-                # Granted and cancelled in the same turn: hand the slot on.
-                c.finished(self._now(), Outcome.FAILED, 0.0)
+                # Granted and cancelled in the same turn: hand the slot on (nothing was sent:
+                # nothing to learn).
+                c.returned()
                 self.wake()
             raise
         finally:
-            if waiter in self._waiters:
-                self._waiters.remove(waiter)
+            if waiter in line:
+                line.remove(waiter)
 
     def release(self, outcome: Outcome, latency: float, retry_after: float | None = None) -> None:
         """A request that ``acquire`` admitted was answered (see ``LimitController.finished``)."""
@@ -94,18 +97,18 @@ class AdaptiveLimiter:
     @property
     def waiting(self) -> bool:
         """Whether requests wait for a slot."""
-        return bool(self._waiters)
+        return bool(self._waiters or self._firsts)
 
     def throttled(self, sent: float, retry_after: float | None = None) -> None:
-        """A request admitted at *sent* was told "too many" and is being retried in its slot
-        (see ``LimitController.throttled``)."""
+        """A request admitted at *sent* was told "too many" and is being retried (see
+        ``LimitController.throttled``)."""
         self.controller.throttled(self._now(), sent, retry_after)
 
     def wake(self) -> None:
         """Let waiters in while the limit allows (after a release, or a limit that grew)."""
         c = self.controller
-        while self._waiters and c.in_flight < c.limit:
-            waiter = self._waiters.popleft()
+        while (self._firsts or self._waiters) and c.in_flight < c.limit:
+            waiter = (self._firsts or self._waiters).popleft()
             if not waiter.done():
                 # Counted as started now, not when it runs: a second wake in the same turn
                 # must see this slot taken.

@@ -215,34 +215,45 @@ class Held:
         [1, 0, 0]
     """
 
-    __slots__ = ("_joining", "_slots", "granted", "held")
+    __slots__ = ("_joining", "_slots", "closed", "granted", "held")
 
     def __init__(self, slots: Slots, granted: float) -> None:
         self._slots = slots
         self.granted = granted
         self.held = True
+        # Released or handed over: its task is done with it. A task that a sample started and
+        # left running inherits the seat, and may back off and rejoin later: it must not take
+        # a slot that nobody would give back.
+        self.closed = False
         # A sample's reads gathered at once share this: one takes the slot again, the others
         # wait for it (two acquires would hold two).
         self._joining: asyncio.Lock | None = None
 
     def leave(self) -> bool:
         """Give an adaptive slot back for a wait; whether it was given."""
-        if not self.held or self._slots.cap is not None:
+        if not self.held or self.closed or self._slots.cap is not None:
             return False
         self.held = False
         self._slots.release()  # nothing to learn from a sample that has not finished
         return True
 
     async def rejoin(self) -> None:
-        """Hold a slot again (first in line), if this one was given back."""
-        if self.held:
+        """Hold a slot again (first in line), if this one was given back and is still in
+        use."""
+        if self.held or self.closed:
             return
         if self._joining is None:
             self._joining = asyncio.Lock()
         async with self._joining:
-            if not self.held:
-                self.granted = await self._slots.acquire(first=True)
-                self.held = True
+            if not self.held and not self.closed:
+                granted = await self._slots.acquire(first=True)
+                if self._let_go():  # its task let go meanwhile: nobody would give it back
+                    self._slots.release()
+                else:
+                    self.granted, self.held = granted, True
+
+    def _let_go(self) -> bool:
+        return self.closed  # a call: read after an await, not narrowed by the check before
 
     async def next(self, ok: bool | None) -> None:
         """A sample (outcome *ok*) finished and another is next: hand the slot on to it if the
@@ -258,11 +269,13 @@ class Held:
     def hand_over(self) -> float:
         """Pass the slot to another task (which makes its own ``Held``); when it was granted."""
         assert self.held
-        self.held = False
+        self.held, self.closed = False, True
         return self.granted
 
     def release(self, ok: bool | None) -> None:
-        """Give the slot back, if held, telling the limit the last sample's outcome *ok*."""
+        """Give the slot back, if held, telling the limit the last sample's outcome *ok*;
+        this ``Held`` takes none again."""
+        self.closed = True
         if self.held:
             self.held = False
             self._slots.release(self.granted, ok)
