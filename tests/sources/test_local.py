@@ -281,6 +281,16 @@ async def test_a_file_not_in_the_page_cache_is_read_in_a_thread(
 
     assert await _jobs(read) == 1  # tried on the loop (nothing waited), then read in a thread
     assert inline.allowed(time.monotonic())  # a cold file is no reason to stop trying
+    # A run of them is: a dataset larger than memory, read from disk.
+    cold = [written_and_dropped(f"cold-{i}.bin") for i in range(_local.MISS_STREAK)]
+
+    async def reads() -> None:
+        for path in cold:
+            assert await asyncload.read(str(path)) == DATA
+
+    assert await _jobs(reads) == len(cold)
+    assert not inline.allowed(time.monotonic())
+    assert inline.allowed(time.monotonic() + _local.MISS_BACKOFF)  # tried again a while later
 
 
 @pytest.mark.asyncio
@@ -301,3 +311,12 @@ async def test_a_slow_open_sends_reads_to_threads_for_a_while(
     assert not inline.allowed(time.monotonic())  # slow every time: a network mount
     assert await _jobs(read) == 1  # the next one is not tried there
     assert inline.allowed(time.monotonic() + _local.SLOW_BACKOFF)  # for a while only
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(30)
+@pytest.mark.usefixtures("inline")
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="no /proc here")
+async def test_a_file_that_says_it_is_empty_is_read_whole() -> None:
+    # /proc's files report size 0 and have content: read as open().read() reads them.
+    assert b"Name:" in await asyncload.read("/proc/self/status")

@@ -101,6 +101,11 @@ SLOW_STREAK = 2
 SLOW_OPEN = 0.001
 # ... send reads to the executor for this many seconds.
 SLOW_BACKOFF = 30.0
+# This many inline reads in a row that found their bytes not in the page cache (a dataset
+# larger than memory, read from disk) send reads to the executor for MISS_BACKOFF seconds: each
+# such try costs an open, an fstat and a buffer on the loop before the thread reads anyway.
+MISS_STREAK = 8
+MISS_BACKOFF = 1.0
 _NOWAIT = getattr(os, "RWF_NOWAIT", None)  # Linux 4.14+; elsewhere every read is a handoff
 
 
@@ -108,12 +113,13 @@ class _Inline:
     """Whether reads may be tried on the loop now. Per process, as the backend is: one page
     cache and one set of mounts per machine; a network mount's slow opens slow every loop."""
 
-    __slots__ = ("slow", "supported", "until")
+    __slots__ = ("misses", "slow", "supported", "until")
 
     def __init__(self) -> None:
         self.supported = _NOWAIT is not None
         self.until = 0.0  # the executor only, until then (time.monotonic)
         self.slow = 0  # inline reads in a row slower than SLOW_OPEN
+        self.misses = 0  # inline reads in a row that found their bytes not cached
 
     def allowed(self, now: float) -> bool:
         return self.supported and now >= self.until
@@ -126,7 +132,17 @@ class _Inline:
         self.slow += 1
         if self.slow >= SLOW_STREAK:
             self.slow = 0
-            self.until = now + SLOW_BACKOFF
+            self.until = max(self.until, now + SLOW_BACKOFF)
+
+    def found(self, cached: bool) -> None:
+        """An inline read found its bytes in the page cache, or not."""
+        if cached:
+            self.misses = 0
+            return
+        self.misses += 1
+        if self.misses >= MISS_STREAK:
+            self.misses = 0
+            self.until = max(self.until, time.monotonic() + MISS_BACKOFF)
 
 
 def _read_cached(path: str, start: int | None, end: int | None, inline: _Inline) -> bytes | None:
@@ -134,10 +150,12 @@ def _read_cached(path: str, start: int | None, end: int | None, inline: _Inline)
     at most ``INLINE_MAX``; ``None`` otherwise (read them in the executor). Raises the
     ``OSError`` of a missing or unreadable file, as ``_read_range`` does."""
     assert _NOWAIT is not None
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    # O_NONBLOCK: a FIFO's open would wait for a writer (it changes nothing for a file).
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):  # a directory, a FIFO, /proc (size 0): as before
+        # A directory, a FIFO, a file that says it is empty (/proc's are not): as before.
+        if not stat.S_ISREG(st.st_mode) or st.st_size == 0:
             return None
         first = start or 0
         n = max(0, min(st.st_size if end is None else end, st.st_size) - first)
@@ -149,13 +167,15 @@ def _read_cached(path: str, start: int | None, end: int | None, inline: _Inline)
         try:
             got = os.preadv(fd, [buf], first, _NOWAIT)
         except BlockingIOError:  # not in the page cache: a disk read, in a thread
+            inline.found(False)
             return None
         except OSError as exc:
             if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL):  # this filesystem can't say
                 inline.supported = False
                 return None
             raise
-        return bytes(buf) if got == n else None  # partly cached: the rest from the disk
+        inline.found(got == n)  # partly cached: the rest from the disk
+        return bytes(buf) if got == n else None
     finally:
         os.close(fd)
 
