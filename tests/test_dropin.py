@@ -6,6 +6,7 @@ Each test names the behaviour from torch's documentation or source; all run in m
 from __future__ import annotations
 
 import gc
+import threading
 import time
 from typing import Any
 
@@ -278,3 +279,32 @@ def test_the_iterators_workers_are_torchs_list_of_processes() -> None:
     single = iter(asyncload.DataLoader(SyncNumbers(4), batch_size=4, num_workers=0))
     assert single._workers == []
     assert next(single).tolist() == [0, 1, 2, 3]
+
+
+@pytest.mark.timeout(60)
+def test_workers_joined_from_several_threads_all_see_exit_code_0() -> None:
+    """The reaper joins a dropped iterator's workers while the program joins them too (from
+    threads of its own, here): every thread must read the true exit code. A forkserver
+    worker's status is 8 bytes on a pipe: read twice, multiprocessing said 255."""
+    for _ in range(3):
+        it = iter(asyncload.DataLoader(SyncNumbers(40), batch_size=4, num_workers=2))
+        workers = it._workers
+        codes: list[int | None] = []
+        threads = [
+            threading.Thread(target=_join_and_note, args=(w, codes))
+            for w in workers
+            for _ in range(3)
+        ]
+        for t in threads:
+            t.start()
+        del it
+        gc.collect()
+        for t in threads:
+            t.join(15)
+        assert codes == [0] * len(threads)
+        assert [w.exitcode for w in workers] == [0, 0]
+
+
+def _join_and_note(worker: Any, codes: list[int | None]) -> None:
+    worker.join(10)
+    codes.append(worker.exitcode)

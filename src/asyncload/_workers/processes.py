@@ -31,7 +31,7 @@ from .child import worker_main
 from .pin_memory import PinMemoryThread
 from .reaper import reaper
 from .start_method.context import diagnose_pickling
-from .stop import release_elsewhere, stop_processes
+from .stop import release_elsewhere, shared_polling, stop_processes
 
 if TYPE_CHECKING:
     from .standby import StandbySlot
@@ -179,6 +179,7 @@ class ProcessWorkers:
         )
         try:
             proc.start()
+            shared_polling(proc)
         except Exception as exc:
             error = _not_started(exc, sent_objects, context.get_start_method())
             if error is exc:

@@ -43,7 +43,7 @@ from .._protocol.messages import Standing
 from .._storage import api as _storage
 from .._storage.api import StorageConfig
 from .reaper import budget, reaper
-from .stop import JOIN_TIMEOUT, release_elsewhere, stop_processes
+from .stop import JOIN_TIMEOUT, release_elsewhere, shared_polling, stop_processes
 
 __all__ = ["Standby", "StandbySlot"]
 
@@ -82,6 +82,7 @@ class Standby:
                     daemon=True,
                 )
                 proc.start()
+                shared_polling(proc)
                 self.procs.append(proc)
         except BaseException:
             self.close()

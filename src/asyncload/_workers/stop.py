@@ -23,7 +23,9 @@ training loop is left to lose a Ctrl-C, and a daemon thread could be cut off mid
 from __future__ import annotations
 
 import atexit
-import multiprocessing.util  # noqa: F401  (its exit handler is registered before ours: see the end)
+import multiprocessing.connection
+import multiprocessing.util  # its exit handler must be registered before ours (see the end)
+import os
 import sys
 import threading
 import time
@@ -32,10 +34,44 @@ from typing import Any
 
 from .._protocol.messages import Shutdown
 
-__all__ = ["JOIN_TIMEOUT", "release_elsewhere", "stop_processes"]
+__all__ = ["JOIN_TIMEOUT", "release_elsewhere", "shared_polling", "stop_processes"]
 
 # Seconds to wait for a worker to exit on its own before terminate(), then kill().
 JOIN_TIMEOUT = 5.0
+
+
+def shared_polling(proc: Any) -> None:
+    """Let two threads ask a started *proc* whether it exited (``is_alive()``, ``join()``,
+    ``exitcode``) and both get the truth.
+
+    The stopping thread (the reaper) joins a pass's workers while the user may join them too
+    (``iter(loader)._workers``, as torch's tests do). A forkserver process's exit status is 8
+    bytes on a pipe that the server then closes: whichever thread reads second finds EOF, and
+    multiprocessing records exit code 255 for good ("the forkserver got killed"). Such a
+    process's ``Popen`` becomes ``_SharedPollPopen``, which reads under a lock, after the wait
+    for the pipe (which holds no lock, so a thread that waits for ever never keeps another
+    from asking). Other start methods read the status with ``waitpid``, where the thread that
+    comes second sees what the first recorded."""
+    popen = getattr(proc, "_popen", None)
+    if _SharedPollPopen is not None and type(popen) is _SharedPollPopen.__base__:
+        popen._asyncload_poll_lock = threading.Lock()  # type: ignore[union-attr]
+        popen.__class__ = _SharedPollPopen  # no closure over it: no cycle keeps its fds
+
+
+try:
+    from multiprocessing import popen_forkserver
+except ImportError:  # pragma: no cover - no forkserver on this platform
+    _SharedPollPopen: Any = None
+else:
+
+    class _SharedPollPopen(popen_forkserver.Popen):  # type: ignore[no-redef]
+        _asyncload_poll_lock: threading.Lock
+
+        def poll(self, flag: int = os.WNOHANG) -> int | None:
+            if flag != os.WNOHANG and self.returncode is None:
+                multiprocessing.connection.wait([self.sentinel])  # its exit status is there
+            with self._asyncload_poll_lock:
+                return super().poll(os.WNOHANG)
 
 
 def stop_processes(
