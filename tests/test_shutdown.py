@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 import asyncload
-from asyncload._workers.stop import release_elsewhere
+from asyncload._workers.stop import DoneFlag, release_elsewhere
 
 from ._datasets import (
     BigTensors,
@@ -464,3 +464,47 @@ class _Finalized:
         while not ran_in and time.monotonic() < deadline:
             time.sleep(0.01)
         return ran_in
+
+
+def _spin_until_done(done: Any) -> None:
+    """A worker's reads of the done signal, back to back, for 20 s at most."""
+    deadline = time.monotonic() + 20
+    while not done.is_set():
+        if time.monotonic() > deadline:
+            os._exit(3)
+    os._exit(0)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("method", ["fork", "forkserver", "spawn"])
+def test_a_worker_killed_while_it_reads_the_done_signal_cannot_block_the_stop(
+    method: str,
+) -> None:
+    """A ``multiprocessing.Event`` takes a lock shared by every process on each read: a worker
+    killed while it held it left it held for good, and the next ``set()`` (the reaper stopping
+    the pass) waited for ever. ``DoneFlag.set`` gives up instead; the stop then kills the
+    workers that cannot see it."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context(method)
+    for _ in range(4):
+        done = DoneFlag(ctx)
+        victim = ctx.Process(target=_spin_until_done, args=(done,), daemon=True)
+        other = ctx.Process(target=_spin_until_done, args=(done,), daemon=True)
+        victim.start()
+        other.start()
+        time.sleep(0.3)  # both reading it back to back
+        os.kill(victim.pid, signal.SIGKILL)
+        victim.join(5)
+        began = time.monotonic()
+        setter = threading.Thread(target=done.set, daemon=True)
+        setter.start()
+        setter.join(5)
+        assert not setter.is_alive(), "set() waited on a lock a killed process held"
+        assert time.monotonic() - began < 3
+        other.join(2)
+        if other.is_alive():  # blocked on the lock the victim held: the stop kills it
+            other.kill()
+            other.join(5)
+        assert not other.is_alive()
+        assert victim.exitcode == -signal.SIGKILL

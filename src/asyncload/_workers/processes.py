@@ -31,7 +31,7 @@ from .child import worker_main
 from .pin_memory import PinMemoryThread
 from .reaper import reaper
 from .start_method.context import diagnose_pickling
-from .stop import release_elsewhere, shared_polling, stop_processes
+from .stop import DoneFlag, release_elsewhere, shared_polling, stop_processes
 
 if TYPE_CHECKING:
     from .standby import StandbySlot
@@ -135,13 +135,14 @@ class ProcessWorkers:
                 raise
         # Held by the reaper until close(), from before any process is this object's:
         # NOTE [ Who stops workers ].
+        self._done_event: DoneFlag | None
         if waiting is not None:  # this object owns them from now on, and stops them
             reaper.own(self)
             self._done_event, self._result_queue = waiting.done_event, waiting.result_queue
             self._procs, self._index_queues = list(waiting.procs), list(waiting.index_queues)
             reaper.disown(waiting)
         else:
-            self._done_event = context.Event()
+            self._done_event = DoneFlag(context)
             self._result_queue = context.Queue()
             reaper.own(self)
         try:

@@ -43,7 +43,7 @@ from .._protocol.messages import Standing
 from .._storage import api as _storage
 from .._storage.api import StorageConfig
 from .reaper import budget, reaper
-from .stop import JOIN_TIMEOUT, release_elsewhere, shared_polling, stop_processes
+from .stop import JOIN_TIMEOUT, DoneFlag, release_elsewhere, shared_polling, stop_processes
 
 __all__ = ["Standby", "StandbySlot"]
 
@@ -61,7 +61,7 @@ class Standby:
 
         self.context = context
         self.count = count
-        self.done_event = context.Event()
+        self.done_event: DoneFlag | None = DoneFlag(context)
         self.result_queue = context.Queue()
         self.index_queues: list[Any] = []
         self.procs: list[Any] = []

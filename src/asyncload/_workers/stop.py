@@ -34,10 +34,57 @@ from typing import Any
 
 from .._protocol.messages import Shutdown
 
-__all__ = ["JOIN_TIMEOUT", "release_elsewhere", "shared_polling", "stop_processes"]
+__all__ = ["JOIN_TIMEOUT", "DoneFlag", "release_elsewhere", "shared_polling", "stop_processes"]
 
 # Seconds to wait for a worker to exit on its own before terminate(), then kill().
 JOIN_TIMEOUT = 5.0
+
+
+class DoneFlag:
+    """The "done" signal of a set of workers (step 1 of the shutdown): a
+    ``multiprocessing.Event`` whose ``set()`` gives up after ``timeout``.
+
+    An event's reads and its ``set()`` take a lock shared by every process, and a worker killed
+    (SIGKILL, a segfault) while it held that lock leaves it held for good. The next ``set()``,
+    the reaper stopping the pass, then waited for ever, and every later stop queued behind it
+    (a fresh clone's CI saw it after ``test_killed_worker_raises_naming_pid_and_signal``: 26
+    workers piled up). Now the stop goes on: the workers that wait on the same lock cannot see
+    the signal, and the stop kills them after ``JOIN_TIMEOUT``, as any worker that does not
+    exit.
+
+    Examples:
+        >>> import multiprocessing
+        >>> done = DoneFlag(multiprocessing.get_context("fork"))
+        >>> done.is_set()
+        False
+        >>> done.set()
+        True
+        >>> done.is_set()
+        True
+    """
+
+    __slots__ = ("_event",)
+
+    def __init__(self, context: Any) -> None:
+        self._event = context.Event()  # reaches the workers in their arguments
+
+    def is_set(self) -> bool:
+        return bool(self._event.is_set())
+
+    def set(self, timeout: float = 1.0) -> bool:
+        """``Event.set()``, unless its lock stays taken for *timeout* seconds (a killed worker
+        holds it); whether it was set."""
+        event = self._event
+        cond = event._cond  # multiprocessing.synchronize.Event's own parts: its set(), bounded
+        if not cond.acquire(True, timeout):
+            return False
+        try:
+            event._flag.acquire(False)
+            event._flag.release()
+            cond.notify_all()  # nobody waits on it (workers poll): wakes no one
+        finally:
+            cond.release()
+        return True
 
 
 def shared_polling(proc: Any) -> None:
