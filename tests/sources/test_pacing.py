@@ -76,7 +76,7 @@ async def test_a_new_host_gets_a_small_burst_then_is_learned(http_server: Object
     # hands to workers it starts (the storage configuration they receive).
     proven = _memory.learned()[_key(http_server)]
     assert proven > _memory.BURST
-    assert (_key(http_server), proven) in _storage.export_config().connections
+    assert (_key(http_server), proven) in _storage.export_config().pacing.connections
 
 
 @pytest.mark.asyncio
@@ -94,15 +94,18 @@ async def test_a_trusted_host_gets_what_it_proved_at_once(
     # What a worker receives from the main process (see test_a_pass_teaches_the_next_one):
     # as many connections at once as the host held before, up to TRUSTED_BURST.
     hints = ((_key(http_server), proven),)
-    _storage.import_config(dataclasses.replace(_storage.export_config(), connections=hints))
+    _storage.import_config(
+        dataclasses.replace(_storage.export_config(), pacing=_memory.PacingMemory(hints))
+    )
     assert await _first_round_peak(http_server, urls) == expected
 
 
 @pytest.mark.timeout(10)
-def test_learning_keeps_the_most_and_ignores_other_counters() -> None:
-    _memory.learn((("connections:example.com:443", 7), ("hedges_sent", 99)))
-    _memory.learn((("connections:example.com:443", 3),))
+def test_learning_keeps_the_most() -> None:
+    _memory.trust(_memory.PacingMemory((("example.com:443", 7),)))
+    _memory.trust(_memory.PacingMemory((("example.com:443", 3), ("other:80", 0))))
     assert _memory.learned() == {"example.com:443": 7}
+    assert _memory.snapshot() == _memory.PacingMemory((("example.com:443", 7),))
     _memory.forget()
     assert _memory.learned() == {}
 
@@ -110,7 +113,7 @@ def test_learning_keeps_the_most_and_ignores_other_counters() -> None:
 @pytest.mark.timeout(60)
 def test_a_pass_teaches_the_next_one(http_server: ObjectServer) -> None:
     # Workers are new processes each pass (persistent_workers=False): what they proved about
-    # the host comes back in their stats, so the next pass's workers start trusted.
+    # the host comes back beside their batches, so the next pass's workers start trusted.
     urls = [http_server.put(f"{i}.bin", bytes([i % 256]) * 100) for i in range(256)]
     http_server.latency = 0.05
     loader = asyncload.DataLoader(
@@ -233,7 +236,7 @@ async def test_new_connections_start_a_few_per_turn_of_the_loop(http_server: Obj
     urls = [http_server.put(f"{i}.bin", bytes([i]) * 100) for i in range(48)]
     http_server.latency = 0.05
     key = _key(http_server)
-    _memory.trust({key: 48})
+    _memory.trust(_memory.PacingMemory(((key, 48),)))
     turn = 0
     ticking = True
 
@@ -289,7 +292,9 @@ async def test_a_late_request_gets_its_turn_when_those_let_go_before_it_are_canc
     for i in range(100):
         http_server.put(f"{i}.bin", bytes([i]) * 100)
     http_server.latency = 0.05
-    _memory.trust({_key(http_server): 64})  # room for all: the turns are the only limit
+    _memory.trust(
+        _memory.PacingMemory(((_key(http_server), 64),))
+    )  # room for all: the turns are the only limit
     connector = _pacing.PacedConnector(limit=64, burst=4)
     async with aiohttp.ClientSession(connector=connector) as session:
 
@@ -318,7 +323,7 @@ async def test_closing_the_connector_fails_the_requests_that_wait_at_once(
         http_server.put(f"{i}.bin", bytes([i]) * 100)
     http_server.latency = 0.3
     if trusted:  # 40 at once: 8 go, 32 wait for their turns
-        _memory.trust({_key(http_server): 64})
+        _memory.trust(_memory.PacingMemory(((_key(http_server), 64),)))
     # else the slow start's burst (4) goes, 36 wait for room
     opened_after_close = 0
 
@@ -356,7 +361,7 @@ async def test_a_request_cancelled_while_waiting_for_its_turn_gives_it_back(
     urls = [http_server.put(f"{i}.bin", bytes([i]) * 100) for i in range(40)]
     http_server.latency = 0.05
     key = _key(http_server)
-    _memory.trust({key: 40})
+    _memory.trust(_memory.PacingMemory(((key, 40),)))
     connector = _pacing.PacedConnector(limit=64, burst=4)
     async with aiohttp.ClientSession(connector=connector) as session:
         get = functools.partial(_paced_get, session)
@@ -508,12 +513,13 @@ async def test_an_overflowed_accept_queue_caps_the_host_from_then_on(
         assert (_listen_overflows() or 0) > before  # the drops were real
     cap = _memory.caps()[slow_accept.key]
     assert 1 <= cap <= 2  # half of the 3 or 4 under way when a dropped SYN left
-    assert (slow_accept.key, cap) in _storage.export_config().burst_caps
+    assert (slow_accept.key, cap) in _storage.export_config().pacing.burst_caps
 
     # The next pass's workers trust what the host proved (16 at once), within its cap.
     config = _storage.export_config()
     _memory.forget()
-    _storage.import_config(dataclasses.replace(config, connections=((slow_accept.key, 16),)))
+    pacing = dataclasses.replace(config.pacing, connections=((slow_accept.key, 16),))
+    _storage.import_config(dataclasses.replace(config, pacing=pacing))
     before = _listen_overflows()
     assert await _timed_reads([f"{slow_accept.url}/{i}" for i in range(16, 48)]) < 0.9
     if before is not None:
@@ -522,9 +528,9 @@ async def test_an_overflowed_accept_queue_caps_the_host_from_then_on(
 
 @pytest.mark.timeout(10)
 def test_a_host_keeps_its_lowest_cap() -> None:
-    _memory.learn((("burst:example.com:443", 8), ("connections:example.com:443", 40)))
-    _memory.learn((("burst:example.com:443", 2),))
-    _memory.learn((("burst:example.com:443", 5), ("burst:other:80", 0)))
+    _memory.trust(_memory.PacingMemory((("example.com:443", 40),), (("example.com:443", 8),)))
+    _memory.trust(_memory.PacingMemory(burst_caps=(("example.com:443", 2),)))
+    _memory.trust(_memory.PacingMemory(burst_caps=(("example.com:443", 5), ("other:80", 0))))
     assert _memory.caps() == {"example.com:443": 2}
     assert _memory.learned() == {"example.com:443": 40}
     _memory.forget()
@@ -541,7 +547,9 @@ def test_a_pass_that_overflowed_caps_the_next_one(slow_accept: SlowAcceptServer)
     )
     assert [x for batch in loader for x in batch] == [bytes([i]) * 100 for i in range(64)]
     assert 1 <= _memory.caps()[slow_accept.key] <= 2
-    assert (slow_accept.key, _memory.caps()[slow_accept.key]) in _storage.export_config().burst_caps
+    assert (slow_accept.key, _memory.caps()[slow_accept.key]) in (
+        _storage.export_config().pacing.burst_caps
+    )
 
 
 @pytest.mark.asyncio
@@ -572,4 +580,4 @@ async def test_a_host_that_closes_after_each_response_is_never_trusted(tmp_path:
         server.shutdown()
         server.server_close()
     assert key not in _memory.learned()
-    assert key not in dict(_storage.export_config().connections)
+    assert key not in dict(_storage.export_config().pacing.connections)

@@ -77,6 +77,7 @@ from .._exceptions import add_note
 from .._stats.loader_stats import RecorderSnapshot
 
 if TYPE_CHECKING:
+    from .._storage.backends.pacing_memory import PacingMemory
     from .._storage.config import StorageConfig
 
 __all__ = [
@@ -163,6 +164,9 @@ class Result:
     tags: tuple[Any, ...] = ()
     """Which samples the batch took, from a dataset that tags its items
     (``_checkpoint.elastic_iter``)."""
+    pacing: PacingMemory | None = None
+    """What the worker's connections learned of their hosts, when it changed (control data,
+    kept out of ``stats``; the main process hands it to the next pass's workers)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +178,8 @@ class Failure:
     worker_id: int
     error: RemoteError
     stats: RecorderSnapshot | None = None
+    pacing: PacingMemory | None = None
+    """As ``Result.pacing``."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,6 +25,7 @@ from . import sync as _sync
 from .backends import base as _base
 from .backends import pacing_memory as _pacing
 from .backends.base import ObjectInfo, StorageOptions, backend_for
+from .backends.pacing_memory import PacingMemory
 from .config import (
     StorageConfig,
     _install,
@@ -33,8 +34,9 @@ from .config import (
     export_config,
     forget_stale_clients,
     import_config,
-    learn_connections,
+    learn_pacing,
     options_for,
+    pacing_snapshot,
     pool_size,
     prewarm,
     set_pool_size,
@@ -43,6 +45,7 @@ from .retry import AttemptFailed, Attempts, Retry, retrying
 
 __all__ = [
     "ObjectInfo",
+    "PacingMemory",
     "Retry",
     "StorageConfig",
     "StorageOptions",
@@ -52,10 +55,11 @@ __all__ = [
     "export_config",
     "forget_stale_clients",
     "import_config",
-    "learn_connections",
+    "learn_pacing",
     "list_files",
     "list_files_async",
     "options_for",
+    "pacing_snapshot",
     "pool_size",
     "prewarm",
     "read",

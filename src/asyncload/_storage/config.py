@@ -16,6 +16,7 @@ from typing import Any
 from .backends import base as _base
 from .backends import pacing_memory as _pacing
 from .backends.base import DEFAULT_OPTIONS, StorageOptions
+from .backends.pacing_memory import PacingMemory
 
 __all__ = [
     "StorageConfig",
@@ -24,8 +25,9 @@ __all__ = [
     "export_config",
     "forget_stale_clients",
     "import_config",
-    "learn_connections",
+    "learn_pacing",
     "options_for",
+    "pacing_snapshot",
     "pool_size",
     "prewarm",
     "set_pool_size",
@@ -42,11 +44,8 @@ class StorageConfig:
     """``(prefix, options)`` pairs, longest prefix first."""
     pool_size: int
     """Connection-pool size for lazily created clients."""
-    connections: tuple[tuple[str, int], ...] = ()
-    """Connections per ``host:port`` that hosts proved to take (``backends.pacing_memory``)."""
-    burst_caps: tuple[tuple[str, int], ...] = ()
-    """New connections in flight per ``host:port``, at most, for hosts whose accept queue
-    overflowed (``backends.pacing_memory``)."""
+    pacing: PacingMemory
+    """What this process's connections learned of their hosts (``backends.pacing_memory``)."""
 
 
 # Longest prefix first, so the first match is the most specific one. Per process: every read
@@ -185,8 +184,7 @@ def export_config() -> StorageConfig:
     return StorageConfig(
         prefixes=tuple(_prefixes),
         pool_size=_base.pool_size(),
-        connections=tuple(_pacing.learned().items()),
-        burst_caps=tuple(_pacing.caps().items()),
+        pacing=_pacing.snapshot(),
     )
 
 
@@ -203,7 +201,7 @@ def import_config(
     if not isinstance(snapshot, StorageConfig):
         raise TypeError(f"expected a StorageConfig from export_config(), got {type(snapshot)!r}")
     pool = snapshot.pool_size if pool_size is None else pool_size
-    _pacing.trust(snapshot.connections, snapshot.burst_caps)
+    _pacing.trust(snapshot.pacing)
     if sharers is not None:
         _pacing.share(sharers)
     if snapshot.prefixes == tuple(_prefixes) and pool == _base.pool_size():
@@ -247,10 +245,15 @@ def _client_environ() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k.upper().startswith(_CLIENT_ENV)}
 
 
-def learn_connections(counts: tuple[tuple[str, int], ...]) -> None:
-    """Take the connections hosts proved to a worker, from its stats counters, so the next
-    pass's workers start with them (see ``backends.pacing_memory``)."""
-    _pacing.learn(counts)
+def pacing_snapshot() -> PacingMemory:
+    """What this process learned of its hosts' connections, to send to the main process."""
+    return _pacing.snapshot()
+
+
+def learn_pacing(memory: PacingMemory) -> None:
+    """Take what a worker learned of its hosts (its ``pacing_snapshot``), so the next pass's
+    workers start with it (see ``backends.pacing_memory``)."""
+    _pacing.trust(memory)
 
 
 def set_pool_size(n: int) -> None:

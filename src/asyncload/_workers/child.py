@@ -13,6 +13,7 @@ import asyncio
 import concurrent.futures
 import concurrent.futures.thread as _futures_thread
 import contextvars
+import dataclasses
 import functools
 import gc
 import inspect
@@ -165,8 +166,17 @@ def worker_main(sent: Any, index_queue: Any, result_queue: Any, done_event: Any)
     # not keep this process alive (NOTE [ Data flow and shutdown ]).
     orphaned = threading.Event()
 
+    told = [_storage.PacingMemory()]  # what the main process knows (it sent it, below)
+
     def put(msg: object) -> None:
         if not done_event.is_set() and not orphaned.is_set():
+            if isinstance(msg, Result | Failure) and msg.stats is not None:
+                # What this worker's connections learned goes with its stats (at most every
+                # few tenths of a second), when it changed: beside them, not in them.
+                known = _storage.pacing_snapshot()
+                if known != told[0]:
+                    told[0] = known
+                    msg = dataclasses.replace(msg, pacing=known)
             result_queue.put(pack(msg) if isinstance(msg, Result) else msg)
 
     if cfg.shm_token:
@@ -177,6 +187,7 @@ def worker_main(sent: Any, index_queue: Any, result_queue: Any, done_event: Any)
             pool_size=most_in_flight(cfg.options.max_concurrency, cfg.num_workers),
             sharers=cfg.num_workers,
         )
+        told[0] = _storage.pacing_snapshot()
         if cfg.worker_init_fn is not None:
             cfg.worker_init_fn(cfg.worker_id)
         _storage.forget_stale_clients()  # what a standby built, unless the environment changed

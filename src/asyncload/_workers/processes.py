@@ -247,8 +247,8 @@ class ProcessWorkers:
             self._raise_if_a_worker_died(msg)
             raise msg
         if isinstance(msg, Result | Failure):
-            if msg.stats is not None:
-                _storage.learn_connections(msg.stats.counts)
+            if msg.pacing is not None:
+                _storage.learn_pacing(msg.pacing)
             self._return_freed(msg.worker_id)
         if isinstance(msg, Result) and not self._answered:  # a batch, not a warning
             self._answered = True

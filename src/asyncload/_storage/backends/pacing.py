@@ -29,10 +29,9 @@ A listen backlog can be smaller than what a host proved it holds, and a server b
 leave its accept queue full: then a SYN is dropped, and its connect completes only when the
 kernel retries it, after 1 s. A connect that took that long (``SYN_RETRY``) is that evidence, so
 the host's new connections in flight are capped from then on at half as many as were under way
-when it started, in this pass and, like what a host proved, in the next ones: the counter
-``burst:<host>:<port>`` carries the cap to the main process (``pacing_memory.caps``), and
-``trust`` to the next workers. The first overflow costs its requests that second; later ones
-are avoided.
+when it started, in this pass and, like what a host proved, in the next ones: the worker's
+``pacing_memory`` carries the cap to the main process, and ``trust`` to the next workers. The
+first overflow costs its requests that second; later ones are avoided.
 """
 
 from __future__ import annotations
@@ -43,9 +42,8 @@ from typing import Any
 
 import aiohttp
 
-from ..._stats.recorder import note_count, note_level
 from . import pacing_memory as _memory
-from .pacing_memory import CAP_COUNTER, COUNTER, first_burst
+from .pacing_memory import first_burst
 
 __all__ = [
     "GROWTH",
@@ -150,8 +148,6 @@ class _Host:
         if len(self.kept) > self.most:  # a record, perhaps: count only those still open
             self.kept = {p for p in self.kept if p.is_connected()}
             if len(self.kept) > self.most:
-                # Counted into the running engine's stats, so the main process learns it too.
-                note_count(COUNTER + self.key, len(self.kept) - self.most)
                 self.most = len(self.kept)
                 _memory.remember_proven(self.key, self.most)
 
@@ -175,7 +171,6 @@ class _Host:
         cap = max(1, under_way // 2)
         known = _memory.cap(self.key)
         if known is None or cap < known:
-            note_level(CAP_COUNTER + self.key, cap)  # the running engine's stats carry it over
             _memory.remember_cap(self.key, cap)
 
     def wake(self, n: int) -> None:

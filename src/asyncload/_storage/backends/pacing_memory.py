@@ -2,9 +2,10 @@
 
 Slow start costs round trips: at 50 ms per request a pool of 128 takes ~5 of them to fill, and
 every pass of a loader starts new worker processes with empty pools. So a process remembers how
-many kept-alive connections each host has held at once (``learned``; a worker's count rides to
-the main process in its stats as ``connections:<host>:<port>``), the main process hands what its
-workers learned to the next pass's workers (``trust``, through the storage configuration), and
+many kept-alive connections each host has held at once (``learned``). A worker's knowledge
+travels to the main process as a ``PacingMemory`` value beside its batches (never inside its
+stats: counters are for people, this is control data), the main process hands what its workers
+learned to the next pass's workers (``trust``, through the storage configuration), and
 a host that has proven it takes *n* connections starts with ``min(n, TRUSTED_BURST)`` of them in
 flight instead of ``burst`` (``pacing.TRUSTED_BURST``).
 
@@ -16,23 +17,23 @@ share of ``BURST`` that this process, one of a loader's workers, gets (``share``
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 __all__ = [
     "BURST",
-    "CAP_COUNTER",
-    "COUNTER",
     "MIN_BURST",
+    "PacingMemory",
     "cap",
     "caps",
     "first_burst",
     "forget",
-    "learn",
     "learned",
     "proven",
     "remember_cap",
     "remember_proven",
     "share",
+    "snapshot",
     "trust",
 ]
 
@@ -45,11 +46,20 @@ __all__ = [
 # answer 64 requests instead of 1.6 s. (4 per process before: the same 8 with 2 workers, 32 with 8.)
 BURST = 8
 MIN_BURST = 2
-# The stats counters that a worker's proven connections and caps per host ride in:
-# "connections:host:port" and "burst:host:port".
-COUNTER = "connections:"
-CAP_COUNTER = "burst:"
 _MAX_HOSTS = 1024
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PacingMemory:
+    """What one process knows of its hosts, as a value: it goes to workers in their storage
+    configuration and comes back from them beside their batches (``snapshot``, ``trust``)."""
+
+    connections: tuple[tuple[str, int], ...] = ()
+    """Kept-alive connections per ``host:port`` that hosts proved to hold at once."""
+    burst_caps: tuple[tuple[str, int], ...] = ()
+    """New connections in flight per ``host:port``, at most, for hosts whose accept queue
+    overflowed."""
+
 
 # host:port -> the most kept-alive connections it held at once for one process. Per process:
 # every connector of the process starts from what any of them proved, and export_config sends
@@ -89,26 +99,18 @@ def caps() -> dict[str, int]:
     return dict(_caps)
 
 
-def trust(
-    hints: dict[str, int] | tuple[tuple[str, int], ...],
-    limits: dict[str, int] | tuple[tuple[str, int], ...] = (),
-) -> None:
-    """Start new connectors' hosts from *hints* (``learned()`` of another process) and *limits*
-    (its ``caps()``)."""
-    for key, n in dict(hints).items():
+def snapshot() -> PacingMemory:
+    """This process's knowledge, as a value to send to another process."""
+    return PacingMemory(tuple(_learned.items()), tuple(_caps.items()))
+
+
+def trust(memory: PacingMemory) -> None:
+    """Add what another process learned (its ``snapshot``): new connectors start a host from
+    the most connections any process saw it hold, and the smallest cap any set for it."""
+    for key, n in memory.connections:
         _remember(_learned, key, n, max)
-    for key, n in dict(limits).items():
+    for key, n in memory.burst_caps:
         _remember(_caps, key, n, min)
-
-
-def learn(counts: tuple[tuple[str, int], ...]) -> None:
-    """Take a worker's proven connections and caps from its stats counters
-    (``RecorderSnapshot.counts``)."""
-    for name, n in counts:
-        if name.startswith(COUNTER):
-            _remember(_learned, name[len(COUNTER) :], n, max)
-        elif name.startswith(CAP_COUNTER):
-            _remember(_caps, name[len(CAP_COUNTER) :], n, min)
 
 
 def forget() -> None:
