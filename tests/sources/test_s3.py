@@ -181,6 +181,28 @@ async def test_a_store_built_ahead_serves_the_pass_that_installs_the_same_settin
 
 
 @pytest.mark.asyncio
+async def test_configuring_the_same_settings_again_keeps_the_store(s3_server: S3Server) -> None:
+    # A dataset's storage_options are applied at each pass (TarShards) or in each process
+    # (RemoteFiles): the same settings again must not throw away the clients built for them.
+    bucket = s3_server.bucket("asyncload-again", {"k": b"again"})
+    settings = {bucket: {"endpoint": s3_server.endpoint, "region": REGION}}
+    asyncload.configure_all(settings)
+    assert await asyncload.read(f"{bucket}/k") == b"again"
+    backend = _storage.backend_for(bucket)
+    assert isinstance(backend, _s3.ObjectStoreBackend)
+    [store] = [s for _, s in backend._stores.values()]
+    asyncload.configure_all({bucket: dict(settings[bucket])})  # equal, not the same object
+    assert await asyncload.read(f"{bucket}/k") == b"again"
+    [kept] = [s for _, s in backend._stores.values()]
+    assert kept is store  # (obstore's stores compare equal by their settings)
+    # Settings that differ are a new store.
+    asyncload.configure(bucket, endpoint=s3_server.endpoint, region=REGION, read_timeout=7)
+    assert await asyncload.read(f"{bucket}/k") == b"again"
+    [built] = [s for _, s in backend._stores.values()]
+    assert built is not store
+
+
+@pytest.mark.asyncio
 async def test_refused_endpoint_fails_fast(s3_server: S3Server) -> None:
     _storage.configure("s3://asyncload-refused", endpoint="http://127.0.0.1:9")
     t0 = time.monotonic()
@@ -390,8 +412,8 @@ def https_s3(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
     try:
-        running.state.put("asyncload-tls/k", DATA)
-        yield running.state, ca
+        running.store.put("asyncload-tls/k", DATA)
+        yield running.store, ca
     finally:
         stop(running)
 

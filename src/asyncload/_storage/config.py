@@ -167,7 +167,12 @@ def configure_all(storage_options: Mapping[str, StorageOptions | Mapping[str, An
 
 
 def _install(entries: list[tuple[str, StorageOptions]]) -> None:
-    _prefixes[:] = sorted(entries, key=lambda e: len(e[0]), reverse=True)
+    wanted = sorted(entries, key=lambda e: len(e[0]), reverse=True)
+    if dict(wanted) == dict(_prefixes):
+        # The same settings again (a dataset's storage_options, applied at each pass or in
+        # each process): keep the clients built for them, their connections and TLS roots.
+        return
+    _prefixes[:] = wanted
     _clear_clients()
 
 
@@ -204,9 +209,9 @@ def import_config(
     _pacing.trust(snapshot.pacing)
     if sharers is not None:
         _pacing.share(sharers)
-    if snapshot.prefixes == tuple(_prefixes) and pool == _base.pool_size():
-        return
-    _base.set_pool_size(pool)
+    if pool != _base.pool_size():
+        _base.set_pool_size(pool)
+        _clear_clients()  # their pools were sized for the old one
     _install(list(snapshot.prefixes))
 
 
