@@ -361,7 +361,7 @@ async def test_tls_with_unknown_ca_fails_unless_ca_bundle_given(tmp_path: Path) 
     ctx.load_cert_chain(cert, key)
     running = serve_in_thread(ObjectServer(), ssl_context=ctx)
     try:
-        server = running.state
+        server = running.store
         url = server.put("tls.bin", DATA)
         assert url.startswith("https://")
         with pytest.raises(ConnectError, match="ca_bundle") as info:
