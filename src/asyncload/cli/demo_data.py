@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import select
-import subprocess
 import sys
 import zlib
 from collections.abc import Iterator
@@ -23,6 +21,7 @@ from .._dataset.base import Dataset
 from .._storage import api as _storage
 from ..datasets import RemoteFiles
 from . import demo_server as _demo_server
+from . import loopback
 
 __all__ = ["AsyncRecords", "BlockingRecords", "decode_record", "embedded_store", "sample_order"]
 
@@ -89,35 +88,16 @@ def sample_order(num_objects: int, count: int, seed: int) -> list[int]:
     return [int(i) for i in order]
 
 
+class _DemoStore(loopback.ServerProcess):
+    """``demo_server.py`` (the loopback store with the demo's records) in a child process."""
+
+    def command(self) -> list[str]:
+        return [sys.executable, str(Path(_demo_server.__file__)), *self._args]
+
+
 @contextlib.contextmanager
 def embedded_store(*, objects: int, latency: float, seed: int) -> Iterator[str]:
     """Run ``cli/demo_server.py`` in a child process; yield its dataset prefix URL."""
-    script = Path(_demo_server.__file__)
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            str(script),
-            f"--objects={objects}",
-            f"--latency={latency}",
-            f"--seed={seed}",
-        ],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-    )
-    try:
-        assert proc.stdout is not None
-        ready, _, _ = select.select([proc.stdout], [], [], 30.0)
-        line = proc.stdout.readline() if ready else b""
-        if not line.strip().isdigit():
-            raise RuntimeError(f"the embedded object store did not start (exit {proc.poll()})")
-        yield f"http://127.0.0.1:{int(line)}/{_demo_server.PREFIX}/"
-    finally:
-        if proc.stdin is not None:
-            proc.stdin.close()  # the server exits at end of file
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        if proc.stdout is not None:
-            proc.stdout.close()
+    args = [f"--objects={objects}", f"--latency={latency}", f"--seed={seed}"]
+    with _DemoStore(args) as store:
+        yield f"{store.base_url}/{_demo_server.PREFIX}/"

@@ -10,15 +10,13 @@ many workers is not dropped.
 
 from __future__ import annotations
 
-import asyncio
 import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-from aiohttp import web
-
+from . import loopback
 from .console import UsageError
-from .demo_server import MANIFEST, make_app
+from .demo_server import MANIFEST
 
 __all__ = ["FolderObjects", "serve_folder"]
 
@@ -58,20 +56,21 @@ class FolderObjects(Mapping[str, bytes]):
 
 
 async def serve_folder(objects: FolderObjects, *, latency: float, host: str, port: int) -> None:
-    """Serve *objects* until cancelled (Ctrl-C); print the base URL first."""
-    runner = web.AppRunner(make_app(objects, latency), access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port, backlog=2048)
-    await site.start()
-    bound = runner.addresses[0][1]
-    url = f"http://{host}:{bound}/"
-    print(
-        f"asyncload serve: {objects.root} at {url} ({objects.count} files, "
-        f"{latency * 1e3:g} ms latency); try: asyncload bench {url}{MANIFEST}",
-        flush=True,
-    )
-    print("(Ctrl-C stops the server)", file=sys.stderr, flush=True)
-    try:
-        await asyncio.Event().wait()
-    finally:
-        await runner.cleanup()
+    """Serve *objects* until cancelled (Ctrl-C); print the base URL first.
+
+    Raises:
+        OSError: *host*:*port* cannot be bound.
+    """
+
+    def announce(store: loopback.Store) -> None:
+        url = f"{store.url}/"
+        print(
+            f"asyncload serve: {objects.root} at {url} ({objects.count} files, "
+            f"{latency * 1e3:g} ms latency); try: asyncload bench {url}{MANIFEST}",
+            flush=True,
+        )
+        print("(Ctrl-C stops the server)", file=sys.stderr, flush=True)
+
+    # Nobody reads the per-request records of a server that runs until Ctrl-C.
+    store = loopback.Store(host=host, port=port, objects=objects, latency=latency, record=False)
+    await loopback.serve(store, backlog=2048, announce=announce)
