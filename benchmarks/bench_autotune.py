@@ -65,11 +65,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import _server
 import bench_pipeline
 from _server import ObjectServerProcess, object_view
 
 import asyncload
+from asyncload.cli import loopback
 
 SWEEP = (4, 8, 16, 32, 64, 128, 256, 512)
 WORKERS = 2
@@ -121,89 +121,24 @@ SCENARIOS = {
 }
 
 
-# ── the store: _server.py's, counting the requests it holds ──────────────────────────────────
-
-_in_flight = 0
-_peak = 0
-_PLAIN = _server._ObjectProtocol  # before _serve replaces it with the counting one
-
-
-def _counting(base: type[_server._ObjectProtocol]) -> type[_server._ObjectProtocol]:
-    """*base* with a count of object requests received and not yet answered (``GET /peak``
-    answers the most since the last ``GET /peak``), serving ``bench_pipeline``'s corpus at
-    the corpus ids it loaded and generated bodies at every other size."""
-
-    class Counting(base):  # type: ignore[valid-type,misc]
-        def __init__(self) -> None:
-            super().__init__()
-            self._open: set[int] = set()  # reply indices of object requests not yet answered
-
-        def _handle(self, head: str) -> None:
-            global _in_flight, _peak
-            first = head.split("\r\n", 1)[0].split(" ")
-            target = first[1] if len(first) > 1 else ""
-            if target == "/peak":
-                if "connection: close" in head.lower():
-                    self._close_after = True
-                self._replies.append(None)
-                index = len(self._replies) - 1 + self._sent
-                body, _peak = str(_peak).encode(), _in_flight
-                self._ready(index, _server._reply(200, [], body))
-                return
-            if target.startswith("/obj/"):
-                self._open.add(len(self._replies) + self._sent)  # the index _handle assigns
-                _in_flight += 1
-                _peak = max(_peak, _in_flight)
-            super()._handle(head)
-
-        def _respond(self, index: int, method: str, size: int, i: int, rng: str | None) -> None:
-            if size in bench_pipeline._CORPORA:
-                super()._respond(index, method, size, i, rng)
-            else:
-                _PLAIN._respond(self, index, method, size, i, rng)
-
-        def _ready(self, index: int, reply: list[bytes | memoryview]) -> None:
-            global _in_flight
-            if index in self._open:
-                self._open.discard(index)
-                _in_flight -= 1
-            super()._ready(index, reply)
-
-    return Counting
+# ── the store: _server.py's, and the JPEG corpus ────────────────────────────────────────────
 
 
 def _serve(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--throttle")
-    parser.add_argument("--throttle-status", type=int, default=503)
-    parser.add_argument("--retry-after", type=float)
-    parser.add_argument("--queue")
+    """The loopback store of ``_server.py``, serving ``bench_pipeline``'s JPEG corpus too."""
+    parser = loopback.build_parser()
     parser.add_argument("--files")
     args = parser.parse_args(argv)
-    throttle = queue = None
-    if args.throttle:
-        rate, _, burst = args.throttle.partition(":")
-        throttle = (float(rate), float(burst))
-    if args.queue:
-        slots, _, service_ms = args.queue.partition(":")
-        queue = (int(slots), float(service_ms) / 1000)
-    base: type[_server._ObjectProtocol] = _server._ObjectProtocol
+    store = loopback.store_from_args(args)
     if args.files:
         files = sorted(p for p in Path(args.files).iterdir() if p.name != "done")
-        corpus = bench_pipeline._CORPORA[bench_pipeline.CORPUS_ID["images"]] = []
-        corpus.extend(p.read_bytes() for p in files)
-        base = bench_pipeline._FileProtocol
-    _server._ObjectProtocol = _counting(base)  # type: ignore[misc]  # what _serve instantiates
-    _server._serve(
-        "127.0.0.1",
-        0,
-        _server._Pushback(throttle, args.throttle_status, args.retry_after, queue),
-    )
+        store.corpora[bench_pipeline.CORPUS_ID["images"]] = [p.read_bytes() for p in files]
+    loopback.run_child(store)
 
 
 class Store(ObjectServerProcess):
-    """``_server.ObjectServerProcess`` run by this script's ``--serve``: it also knows the
-    peak of requests in flight, and serves the JPEG corpus in *files* (``/obj/1/...``)."""
+    """``_server.ObjectServerProcess`` run by this script's ``--serve``: it also serves the
+    JPEG corpus in *files* (``/obj/1/...``); the peak of requests in flight is the store's."""
 
     def __init__(self, *, files: Path | None = None, **kw: Any) -> None:
         super().__init__(**kw)
@@ -217,8 +152,7 @@ class Store(ObjectServerProcess):
 
     def peak(self) -> int:
         """Most object requests held at once since the last call (a blocking GET /peak)."""
-        with urllib.request.urlopen(f"{self.base_url}/peak", timeout=10) as resp:
-            return int(resp.read())
+        return self.count("peak")
 
 
 # ── one loader, in its own interpreter ───────────────────────────────────────────────────────

@@ -27,11 +27,11 @@ built ``--build-s`` (2 s) before ``iter()``):
 * ``spdl``: SPDL's pipeline (fetch stage 256 in flight, decode stage 2 threads, batch 64),
   when ``spdl`` is importable.
 
-The network is the loopback object server of ``_server.py`` run as its own process, here
-serving the generated files instead of its pseudo-random bodies: ``GET /obj/{corpus}/{latency}/
-{i}`` (corpus 1 = images, 2 = text), also as S3 path-style (bucket ``obj``), as
-``bench_wholerun.py`` does. Latencies: ``50`` (constant 50 ms), ``50x10p1`` (1% of requests
-x10) and ``ln40-400`` (log-normal, p50 40 ms, p99 400 ms).
+The network is the loopback object store of ``_server.py`` (``asyncload.cli.loopback``) run as
+its own process, here serving the generated files instead of its pseudo-random bodies:
+``GET /obj/{corpus}/{latency}/{i}`` (corpus 1 = images, 2 = text), also as S3 path-style
+(bucket ``obj``), as ``bench_wholerun.py`` does. Latencies: ``50`` (constant 50 ms),
+``50x10p1`` (1% of requests x10) and ``ln40-400`` (log-normal, p50 40 ms, p99 400 ms).
 
 Columns: whole-run samples/s (``iter()`` to the last batch); CPU ms/sample of the benchmark's
 own process tree (the row's interpreter plus every descendant: workers, forkserver, pool
@@ -77,6 +77,7 @@ from bench_loader import ThreadedBlobs
 from PIL import Image
 
 import asyncload
+from asyncload.cli import loopback
 
 BATCH = 64
 WORKERS = 2
@@ -523,43 +524,19 @@ DEFAULT_ROWS = (*LOCAL_ROWS, "remote-decode", "remote-getitem", "torch-threads",
 
 # ── the object server, serving the generated files ────────────────────────────────────────────
 
-_CORPORA: dict[int, list[bytes]] = {}
 
-
-class _FileProtocol(_server._ObjectProtocol):
-    """``_server.py``'s protocol with bodies from the generated files: ``/obj/{corpus}/...``."""
-
-    def _respond(self, index: int, method: str, size: int, i: int, rng: str | None) -> None:
-        blobs = _CORPORA.get(size)
-        if blobs is None or not 0 <= i < len(blobs):
-            self._ready(index, _server._reply(400, [], b"no such object"))
-            return
-        body = memoryview(blobs[i])
-        extra = ["Accept-Ranges: bytes", f'ETag: "{size:x}-{i:x}"']
-        status = 200
-        if rng:
-            span = _server._parse_range(rng, len(body))
-            if span is None:
-                self._ready(
-                    index, _server._reply(416, [f"Content-Range: bytes */{len(body)}"], b"")
-                )
-                return
-            start, end = span
-            extra.append(f"Content-Range: bytes {start}-{end - 1}/{len(body)}")
-            body, status = body[start:end], 206
-        if method == "HEAD":
-            self._ready(index, _server._reply(status, extra, b"", length=len(body)))
-        else:
-            self._ready(index, _server._reply(status, extra, body))
-
-
-def _serve_files(folders: list[str]) -> None:
+def load_corpora(store: loopback.Store, folders: list[str]) -> None:
+    """Serve the generated files of *folders* at ``/obj/{corpus}/...`` from *store*."""
     for folder in folders:
         kind = "images" if Path(folder).name.startswith("images") else "text"
         files = sorted(p for p in Path(folder).iterdir() if p.name != "done")
-        _CORPORA[CORPUS_ID[kind]] = [p.read_bytes() for p in files]
-    _server._ObjectProtocol = _FileProtocol  # type: ignore[misc]  # what _serve instantiates
-    _server._serve("127.0.0.1", 0)
+        store.corpora[CORPUS_ID[kind]] = [p.read_bytes() for p in files]
+
+
+def _serve_files(folders: list[str]) -> None:
+    store = loopback.Store(generated=True, control=True, record=False)
+    load_corpora(store, folders)
+    loopback.run_child(store)
 
 
 class FileServerProcess(_server.ObjectServerProcess):
