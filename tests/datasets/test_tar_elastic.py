@@ -99,8 +99,8 @@ def test_only_partly_read_shards_are_read_again(tmp_path: Path) -> None:
     assert len(done) >= 5
     restored = _loader(urls, 2)
     restored.load_state_dict(state)
-    assert restored._iter_deal is not None
-    planned = {p[0] for plan in restored._iter_deal.plans for p in plan}
+    assert restored._state.iter_deal is not None
+    planned = {p[0] for plan in restored._state.iter_deal.plans for p in plan}
     assert not planned & set(done)
     assert len(planned) == len(urls) - len(done)
     _exactly_once(before + _rest(restored))
@@ -114,7 +114,7 @@ def test_same_shape_keeps_the_per_worker_resume(tmp_path: Path) -> None:
     before, state = _take(_loader(urls, 2, shuffle_buffer=8), 5)
     restored = _loader(urls, 2, shuffle_buffer=8)
     restored.load_state_dict(state)
-    assert restored._iter_deal is None
+    assert restored._state.iter_deal is None
     assert before + _rest(restored) == whole
 
 

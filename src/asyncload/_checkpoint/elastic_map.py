@@ -28,6 +28,7 @@ import torch
 import torch.utils.data
 
 from .resume import Progress
+from .shape import LoaderShape
 
 __all__ = ["Position", "Remainder", "plan", "position", "share_length"]
 
@@ -138,21 +139,21 @@ class Position:
         return cls(dict(d["order"]), int(d["world_size"]), int(d["start"]), int(d["consumed"]))
 
 
-def position(loader: Any, state: dict[str, Any], deal: Remainder | None) -> Position | None:
+def position(loader: LoaderShape, state: dict[str, Any], deal: Remainder | None) -> Position | None:
     """The global position of the pass *state* describes (``None``: not elastic).
 
     *deal*: the pass's ``Remainder`` when it is itself an elastic resume, else ``None``.
     """
     if state.get("finished"):
         return None
-    per_batch = loader.batch_size if loader._auto_collation and loader.batch_size else 1
+    per_batch = loader.per_batch
     if deal is not None:
         order, world, start, share = deal.order, deal.world_size, deal.start, len(deal)
     else:
         found = order_of(loader.sampler, has_generator=loader.generator is not None)
         if found is None:
             return None
-        order, world, start, share = found, loader._world, 0, len(loader.sampler)
+        order, world, start, share = found, loader.world_size, 0, len(loader.sampler)
         if order["kind"] == "distributed" and state.get("epoch") is not None:
             order["epoch"] = int(state["epoch"])
         if order["kind"] == "random":
@@ -161,17 +162,17 @@ def position(loader: Any, state: dict[str, Any], deal: Remainder | None) -> Posi
     return Position(order, world, start, min(len(loader.dataset), start + taken * world))
 
 
-def plan(loader: Any, state: dict[str, Any], point: Any) -> tuple[Any, Remainder | None]:
+def plan(loader: LoaderShape, state: dict[str, Any], point: Any) -> tuple[Any, Remainder | None]:
     """How *loader* resumes *point*: the point (its progress reset when the deal changed) and
     the ``Remainder`` its next pass reads, or ``None`` for the usual per-batch resume."""
     saved = state.get("position")
-    if saved is None or point.finished or not loader._elastic_ok:
+    if saved is None or point.finished or not loader.elastic:
         return point, None
     pos = Position.from_dict(saved)
-    if pos.world_size == loader._world and pos.start == 0:
+    if pos.world_size == loader.world_size and pos.start == 0:
         return point, None  # the same deal: the per-batch bookkeeping is exact
     sequence = global_sequence(pos.order, len(loader.dataset))
-    if pos.world_size == loader._world:
+    if pos.world_size == loader.world_size:
         start = pos.start  # the same re-deal again, with its own bookkeeping
     else:
         start = pos.consumed
@@ -179,8 +180,8 @@ def plan(loader: Any, state: dict[str, Any], point: Any) -> tuple[Any, Remainder
     deal = Remainder(
         sequence,
         start=start,
-        rank=loader._rank,
-        world_size=loader._world,
+        rank=loader.rank,
+        world_size=loader.world_size,
         drop_last=loader.drop_last,
         order=pos.order,
     )

@@ -20,6 +20,7 @@ import torch
 import torch.utils.data
 
 from .elastic_iter import ElasticIterable
+from .shape import LoaderShape
 
 __all__ = ["check", "fingerprint"]
 
@@ -40,13 +41,14 @@ def _seed(obj: Any) -> int | None:
     return seed if type(seed) is int else None
 
 
-def fingerprint(loader: Any, *, auto_sharded: bool) -> dict[str, Any]:
+def fingerprint(loader: LoaderShape) -> dict[str, Any]:
     """The facts a resume of *loader*'s pass depends on (plain values, for ``torch.save``).
 
-    ``auto_sharded``: the sampler is the loader's own (``auto_shard``; a ``DistributedSampler``
-    when ``WORLD_SIZE > 1``), whose kind and length depend on the world size, which may change
-    (an elastic resume, ``_checkpoint/elastic_map.py``).
+    With ``loader.elastic`` the sampler is the loader's own (``auto_shard``; a
+    ``DistributedSampler`` when ``WORLD_SIZE > 1``), whose kind and length depend on the world
+    size, which may change (an elastic resume, ``_checkpoint/elastic_map.py``).
     """
+    auto_sharded = loader.elastic
     dataset = loader.dataset
     iterable = isinstance(dataset, torch.utils.data.IterableDataset)
     facts: dict[str, Any] = {

@@ -21,9 +21,7 @@ from typing import Any, Generic, Literal, TypeVar
 import torch
 import torch.utils.data
 
-from .._checkpoint import elastic_iter as _elastic_iter
-from .._checkpoint import elastic_map as _elastic
-from .._checkpoint.resume import ResumePoint
+from .._checkpoint.shape import LoaderShape
 from .._dataset import sample_errors as _budget
 from .._dataset import sharding as _sharding
 from .._engine.options import WorkerOptions
@@ -153,18 +151,14 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
         # by repetition, or dropping the tail with drop_last=True). Without set_epoch() calls
         # the loader advances its epoch every pass, so shuffle=True reshuffles as torch's
         # RandomSampler would.
-        self._auto_epoch: int | None = None
+        auto_epoch: int | None = None
         # The sampler is the loader's own (DistributedSampler under torchrun, else torch's
-        # default): a checkpoint may then resume with another world size (_elastic.py).
+        # default): a checkpoint may then resume with another world size
+        # (_checkpoint/elastic_map.py).
         self._elastic_ok = (
             auto_shard and not is_iterable and sampler is None and batch_sampler is None
         )
         self._rank, self._world = rank, world
-        self._deal: _elastic.Remainder | None = None  # the next pass's re-deal (one-shot)
-        self._pass_deal: _elastic.Remainder | None = None  # the current pass's
-        # The same for an iterable dataset's units (_elastic_iter).
-        self._iter_deal: _elastic_iter.ReaderDeal | None = None
-        self._pass_iter_deal: _elastic_iter.ReaderDeal | None = None
         if (
             auto_shard
             and world > 1
@@ -172,7 +166,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
             and sampler is None
             and batch_sampler is None
         ):
-            self._auto_epoch = 0
+            auto_epoch = 0
             sampler = _sharding.rank_sampler(
                 dataset,
                 rank=rank,
@@ -210,9 +204,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
         self._tally: _stats.Tally | None = None
         self._persistent_pass: Pass | None = None
         self._live_pass: weakref.ref[Pass] | None = None
-        self._epoch: int | None = None
-        self._epoch_of_pass: int | None = None  # the epoch the current pass runs (checkpoints)
-        self._resume: ResumePoint | None = None
+        # Epochs and a loaded checkpoint's resume, as one value replaced whole (_loader/state).
+        self._state = _checkpoint.LoaderState(auto_epoch=auto_epoch)
         self._standby: StandbySlot | None = None
         if self.num_workers > 0:
             # Processes started ahead of the pass that takes them (_workers/standby.py): the
@@ -242,20 +235,19 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
         return self._worker_options.cpu_threads
 
     def _get_iterator(self) -> Pass:  # type: ignore[override]
-        resume, self._resume = self._resume, None  # used up by the pass it starts
+        resume = self._state.resume
+        self._state = self._state.next_pass()  # the pass takes the one-shot parts
         spec = pass_spec(self)
-        self._pass_deal, self._deal = self._deal, None
-        if self._pass_deal is not None:  # an elastic resume: this pass reads the re-deal
-            deal = self._pass_deal
+        if self._state.pass_deal is not None:  # an elastic resume: this pass reads the re-deal
+            deal = self._state.pass_deal
             index_sampler: Any = deal
             if self._auto_collation:
                 index_sampler = torch.utils.data.BatchSampler(
                     deal, self.batch_size or 1, self.drop_last
                 )
             spec = dataclasses.replace(spec, index_sampler=index_sampler, persistent=False)
-        self._pass_iter_deal, self._iter_deal = self._iter_deal, None
-        if self._pass_iter_deal is not None:  # this pass reads what is left, re-dealt
-            plans = self._pass_iter_deal.plans
+        if self._state.pass_iter_deal is not None:  # this pass reads what is left, re-dealt
+            plans = self._state.pass_iter_deal.plans
             spec = dataclasses.replace(spec, reader_plans=plans, persistent=False)
         it = Pass(spec, resume=resume, len_reported=self._IterableDataset_len_called)
         self._tally = it.tally
@@ -269,8 +261,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
         have it (``DistributedSampler`` reshuffles by epoch, and so does ``TarShards``).
         Persistent workers receive the new epoch before the next pass.
         """
-        self._epoch = epoch
-        self._auto_epoch = None  # the caller keeps count from now on
+        # The caller keeps count from now on.
+        self._state = dataclasses.replace(self._state, epoch=epoch, auto_epoch=None)
         seen: set[int] = set()
         batch_sampler_sampler = getattr(self.batch_sampler, "sampler", None)
         for obj in (self.sampler, self.batch_sampler, batch_sampler_sampler, self.dataset):
@@ -293,7 +285,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
             >>> for batch in loader:  # the rest of the interrupted epoch  # doctest: +SKIP
             ...     ...
         """
-        return _checkpoint.save(self)
+        live = self._live_pass() if self._live_pass is not None else None
+        return _checkpoint.save(self._shape(), self._state, live)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue the pass recorded by ``state_dict`` at the next ``iter(loader)``.
@@ -309,16 +302,41 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
                 ``drop_last``, dataset length, sampler (kind, length, shuffle) or seed; the
                 message names each difference with both values.
         """
-        _checkpoint.load(self, state)
+        loaded = _checkpoint.load(self._shape(), self._state, state)
+        if self._persistent_pass is not None:  # its workers are mid-pass: start afresh
+            self._persistent_pass.close()
+            self._persistent_pass = None
+        self._state = loaded.state
+        if loaded.set_epoch is not None:
+            self.set_epoch(loaded.set_epoch)
+        self._live_pass = None  # state_dict() now reports what was loaded, not an old pass
+
+    def _shape(self) -> LoaderShape:
+        """This loader's arguments that its checkpoints depend on, as a value."""
+        return LoaderShape(
+            dataset=self.dataset,
+            sampler=self.sampler,
+            batch_sampler=self.batch_sampler,
+            generator=self.generator,
+            batch_size=self.batch_size,
+            auto_collation=self._auto_collation,
+            drop_last=self.drop_last,
+            num_workers=self.num_workers,
+            rank=self._rank,
+            world_size=self._world,
+            elastic=self._elastic_ok,
+        )
 
     def __iter__(self) -> Pass:  # type: ignore[override]
-        if self._auto_epoch is not None:
-            self.sampler.set_epoch(self._auto_epoch)  # type: ignore[attr-defined]
-            self._epoch_of_pass = self._auto_epoch
-            self._auto_epoch += 1
+        auto_epoch = self._state.auto_epoch
+        if auto_epoch is not None:
+            self.sampler.set_epoch(auto_epoch)  # type: ignore[attr-defined]
+            self._state = dataclasses.replace(
+                self._state, epoch_of_pass=auto_epoch, auto_epoch=auto_epoch + 1
+            )
         else:
-            self._epoch_of_pass = self._epoch
-        redealt = self._deal is not None or self._iter_deal is not None
+            self._state = dataclasses.replace(self._state, epoch_of_pass=self._state.epoch)
+        redealt = self._state.redealt
         if not (self.persistent_workers and self.num_workers > 0) or redealt:
             return self._get_iterator()  # a re-dealt pass is never kept for the next epoch
         persistent = self._persistent_pass
@@ -326,7 +344,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
         if persistent is None or persistent.state is State.CLOSED:
             persistent = self._persistent_pass = self._get_iterator()
         else:
-            persistent.restart(self._epoch, self._IterableDataset_len_called)
+            persistent.restart(self._state.epoch, self._IterableDataset_len_called)
             self._tally = persistent.tally
         return persistent
 

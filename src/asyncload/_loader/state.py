@@ -1,97 +1,141 @@
-"""Saving and loading a ``DataLoader``'s checkpoints (its ``state_dict`` and
-``load_state_dict``), split out of ``_loader``: which pass position a checkpoint records, and
-how a loaded one is re-dealt when the number of readers changed (``_elastic`` for map-style
-datasets, ``_checkpoint.elastic_iter`` for iterable ones). Works on the loader's own fields.
+"""A ``DataLoader``'s checkpoints as values: ``LoaderState``, ``save`` and ``load``.
+
+``LoaderState`` is what a loader carries from one pass to the next besides its arguments: the
+epoch counters, and a loaded checkpoint's resume point and re-deals, each used up by the pass
+that takes it. The loader owns one and replaces it whole. ``save`` and ``load`` take values
+(the loader's ``LoaderShape``, its state, its live pass) and give values back: which pass
+position a checkpoint records, and how a loaded one is re-dealt when the number of readers
+changed (``_checkpoint.elastic_map`` for map-style datasets, ``_checkpoint.elastic_iter`` for
+iterable ones). Neither touches the loader.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
-
-import torch
-import torch.utils.data
+from typing import TYPE_CHECKING, Any
 
 from .._checkpoint import elastic_iter as _elastic_iter
 from .._checkpoint import elastic_map as _elastic
 from .._checkpoint import fingerprint as _fingerprint
 from .._checkpoint.resume import Progress, ResumePoint, capture_rng
+from .._checkpoint.shape import LoaderShape
 
-__all__ = ["load", "save"]
+if TYPE_CHECKING:
+    from .pass_iterator import Pass
+
+__all__ = ["Loaded", "LoaderState", "load", "save"]
 
 
-def save(loader: Any) -> dict[str, Any]:
-    """``loader.state_dict()``."""
-    state = _plain_state(loader)
-    if loader._elastic_ok:
-        live = loader._live_pass is not None and loader._live_pass() is not None
-        pos = _elastic.position(loader, state, loader._pass_deal if live else loader._deal)
+@dataclasses.dataclass(frozen=True, slots=True)
+class LoaderState:
+    """What a loader carries between passes (see module doc). The loader replaces it whole."""
+
+    epoch: int | None = None
+    """The epoch ``set_epoch`` named last (``None``: never called)."""
+    auto_epoch: int | None = None
+    """The next epoch the loader counts itself (``auto_shard`` under torchrun), until the
+    caller calls ``set_epoch``."""
+    epoch_of_pass: int | None = None
+    """The epoch the current pass runs (recorded in its checkpoints)."""
+    resume: ResumePoint | None = None
+    """A loaded checkpoint's point, for the next pass (one-shot)."""
+    deal: _elastic.Remainder | None = None
+    """The next pass's re-deal of a map-style dataset (one-shot)."""
+    iter_deal: _elastic_iter.ReaderDeal | None = None
+    """The next pass's re-deal of an iterable dataset's units (one-shot)."""
+    pass_deal: _elastic.Remainder | None = None
+    """The current pass's ``deal``."""
+    pass_iter_deal: _elastic_iter.ReaderDeal | None = None
+    """The current pass's ``iter_deal``."""
+
+    @property
+    def redealt(self) -> bool:
+        """The next pass reads a re-deal (it is never kept for the epoch after)."""
+        return self.deal is not None or self.iter_deal is not None
+
+    def next_pass(self) -> LoaderState:
+        """The state once the next pass has taken the one-shot parts."""
+        return dataclasses.replace(
+            self, resume=None, deal=None, iter_deal=None,
+            pass_deal=self.deal, pass_iter_deal=self.iter_deal,
+        )  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Loaded:
+    """What ``load`` gives back: the loader's new state, and the epoch to set (its sampler's
+    and dataset's ``set_epoch``), if any."""
+
+    state: LoaderState
+    set_epoch: int | None
+
+
+def save(shape: LoaderShape, state: LoaderState, live: Pass | None) -> dict[str, Any]:
+    """``loader.state_dict()``: where *live* (the current pass, if any) stands."""
+    saved = _plain_state(shape, state, live)
+    if shape.elastic:
+        pos = _elastic.position(shape, saved, state.pass_deal if live is not None else state.deal)
         if pos is not None:
-            state["position"] = pos.to_dict()
-    elif state["iterable"] and not state["finished"] and _elastic_iter.supports(loader.dataset):
-        live = loader._live_pass is not None and loader._live_pass() is not None
+            saved["position"] = pos.to_dict()
+    elif saved["iterable"] and not saved["finished"] and _elastic_iter.supports(shape.dataset):
         readers = _elastic_iter.readers_state(
-            loader.dataset,
-            loader._pass_iter_deal if live else loader._iter_deal,
-            rank=loader._rank,
-            world_size=loader._world,
-            num_workers=loader.num_workers,
+            shape.dataset,
+            state.pass_iter_deal if live is not None else state.iter_deal,
+            rank=shape.rank,
+            world_size=shape.world_size,
+            num_workers=shape.num_workers,
         )
-        state["readers"] = readers
-        delivered = _elastic_iter.Delivered.from_plain(state["delivered"])
-        state["delivered"] = delivered.to_plain(keep=readers["units"])
-    state["fingerprint"] = _fingerprint.fingerprint(loader, auto_sharded=loader._elastic_ok)
-    return state
+        saved["readers"] = readers
+        delivered = _elastic_iter.Delivered.from_plain(saved["delivered"])
+        saved["delivered"] = delivered.to_plain(keep=readers["units"])
+    saved["fingerprint"] = _fingerprint.fingerprint(shape)
+    return saved
 
 
-def _plain_state(loader: Any) -> dict[str, Any]:
-    it = loader._live_pass() if loader._live_pass is not None else None
-    if it is None:
-        if loader._resume is not None:
-            loaded: ResumePoint = loader._resume
-            return loaded.to_dict()
-        it_point = ResumePoint(
-            iterable=isinstance(loader.dataset, torch.utils.data.IterableDataset),
-            num_workers=loader.num_workers,
-            epoch=loader._epoch,
-            rng=capture_rng(loader.generator),
-            base_seed=0,
-            progress=Progress(max(1, loader.num_workers)),
-            finished=True,
-        )
-        return it_point.to_dict()
-    point: ResumePoint = it.checkpoint(loader._epoch_of_pass)
-    return point.to_dict()
+def _plain_state(shape: LoaderShape, state: LoaderState, live: Pass | None) -> dict[str, Any]:
+    if live is not None:
+        return live.checkpoint(state.epoch_of_pass).to_dict()
+    if state.resume is not None:
+        return state.resume.to_dict()
+    return ResumePoint(
+        iterable=shape.iterable,
+        num_workers=shape.num_workers,
+        epoch=state.epoch,
+        rng=capture_rng(shape.generator),
+        base_seed=0,
+        progress=Progress(max(1, shape.num_workers)),
+        finished=True,
+    ).to_dict()
 
 
-def load(loader: Any, state: dict[str, Any]) -> None:
-    """``loader.load_state_dict(state)``."""
+def load(shape: LoaderShape, state: LoaderState, saved: dict[str, Any]) -> Loaded:
+    """``loader.load_state_dict(saved)``: the state whose next pass continues *saved*."""
     _fingerprint.check(
-        state.get("fingerprint") if isinstance(state, dict) else None,
-        _fingerprint.fingerprint(loader, auto_sharded=loader._elastic_ok),
+        saved.get("fingerprint") if isinstance(saved, dict) else None,
+        _fingerprint.fingerprint(shape),
     )
-    iterable = isinstance(loader.dataset, torch.utils.data.IterableDataset)
-    elastic = iterable and "readers" in state and _elastic_iter.supports(loader.dataset)
+    iterable = shape.iterable
+    elastic = iterable and "readers" in saved and _elastic_iter.supports(shape.dataset)
     point = ResumePoint.from_dict(
-        state, iterable=iterable, num_workers=loader.num_workers, elastic=elastic
+        saved, iterable=iterable, num_workers=shape.num_workers, elastic=elastic
     )
-    if point.epoch is not None and loader._auto_epoch is not None:
-        loader._auto_epoch = point.epoch  # the next pass is that epoch again, then onwards
+    set_epoch = None
+    if point.epoch is not None and state.auto_epoch is not None:
+        state = dataclasses.replace(state, auto_epoch=point.epoch)  # that epoch again, onwards
     elif point.epoch is not None:
-        loader.set_epoch(point.epoch)
-    point, loader._deal = _elastic.plan(loader, state, point)
-    loader._iter_deal = None
+        set_epoch = point.epoch
+    point, deal = _elastic.plan(shape, saved, point)
+    iter_deal = None
     if elastic and not point.finished:
-        loader._iter_deal = _elastic_iter.plan_resume(
-            state, rank=loader._rank, world_size=loader._world, num_workers=loader.num_workers
+        iter_deal = _elastic_iter.plan_resume(
+            saved, rank=shape.rank, world_size=shape.world_size, num_workers=shape.num_workers
         )
-        if loader._iter_deal is not None:  # the workers read their plans from the start
+        if iter_deal is not None:  # the workers read their plans from the start
             progress = Progress(
-                max(1, loader.num_workers), delivered=point.progress.delivered.copy()
+                max(1, shape.num_workers), delivered=point.progress.delivered.copy()
             )
             point = dataclasses.replace(point, progress=progress)
-    if loader._persistent_pass is not None:  # its workers are mid-pass: start afresh
-        loader._persistent_pass.close()
-        loader._persistent_pass = None
-    loader._resume = None if point.finished else point
-    loader._live_pass = None  # state_dict() now reports what was loaded, not an old pass
+    resume = None if point.finished else point
+    return Loaded(
+        dataclasses.replace(state, resume=resume, deal=deal, iter_deal=iter_deal), set_epoch
+    )
