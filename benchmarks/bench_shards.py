@@ -1,10 +1,11 @@
 """TarShards against the ``webdataset`` package on the same tar shards over loopback HTTP.
 
 One run, one table. The shards are written once with ``asyncload.datasets.write_shards`` and
-served by an aiohttp server in a *separate process* (``--serve``) that holds every response for
-50 ms before the first byte, like an object store. Both loaders use torch-style batching with the
-same ``num_workers`` and ``batch_size`` and the default collate; webdataset fetches ``http://``
-shards through ``curl`` as it does by default (or urllib when curl is missing).
+served by the loopback object store (``asyncload.cli.loopback``) in a *separate process* that
+holds every response for 50 ms before the first byte, like an object store. Both loaders use
+torch-style batching with the same ``num_workers`` and ``batch_size`` and the default collate;
+webdataset fetches ``http://`` shards through ``curl`` as it does by default (or urllib when
+curl is missing).
 
 Three shapes of shard: many small ones (the per-shard round trip dominates; webdataset reads one
 shard at a time per worker, TarShards streams several), a few large ones (parsing and
@@ -19,15 +20,11 @@ run takes about a minute and a half.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import gzip
 import os
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -42,75 +39,6 @@ SHAPES = [
     ("48 shards × 1,000 × 10 KB", 48, 1000, 10_000, ".tar"),
     ("64 × 100 × 10 KB, .tar.gz", 64, 100, 10_000, ".tar.gz"),
 ]
-
-
-# ── the server process ────────────────────────────────────────────────────────────────────────
-
-
-def serve(root: Path, latency: float) -> None:
-    """Serve every file under *root* from memory, each response held *latency* seconds."""
-    from aiohttp import web
-
-    files = {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*.tar*")}
-
-    async def handle(request: web.Request) -> web.Response:
-        body = files.get(request.match_info["path"])
-        await asyncio.sleep(latency)
-        if body is None:
-            return web.Response(status=404)
-        rng = request.headers.get("Range", "")
-        if rng.startswith("bytes="):
-            first, _, last = rng[6:].partition("-")
-            start, end = int(first or 0), int(last) + 1 if last else len(body)
-            return web.Response(
-                status=206,
-                body=body[start:end],
-                headers={"Content-Range": f"bytes {start}-{end - 1}/{len(body)}"},
-            )
-        return web.Response(body=body, headers={"Accept-Ranges": "bytes"})
-
-    async def main() -> None:
-        app = web.Application()
-        app.router.add_get("/{path:.*}", handle)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0, backlog=1024)
-        await site.start()
-        assert site._server is not None
-        print("PORT", site._server.sockets[0].getsockname()[1], flush=True)  # type: ignore[union-attr]
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        # EOF on stdin: the benchmark ended (or died); never outlive it.
-        threading.Thread(
-            target=lambda: (sys.stdin.read(), loop.call_soon_threadsafe(stop.set)), daemon=True
-        ).start()
-        await stop.wait()
-        await runner.cleanup()
-
-    asyncio.run(main())
-
-
-class Server:
-    def __init__(self, root: Path) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, __file__, "--serve", str(root), "--latency", str(LATENCY)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        if not line.startswith("PORT"):
-            raise RuntimeError(f"shard server did not start: {line!r}")
-        self.url = f"http://127.0.0.1:{int(line.split()[1])}"
-
-    def close(self) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.close()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
 
 
 # ── the loaders ───────────────────────────────────────────────────────────────────────────────
@@ -159,13 +87,9 @@ def run_webdataset(urls: list[str], expected: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--serve", type=Path, help=argparse.SUPPRESS)
-    parser.add_argument("--latency", type=float, default=LATENCY, help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.serve:
-        serve(args.serve, args.latency)
-        return
+    parser.parse_args()
 
+    from asyncload.cli.loopback import ServerProcess
     from asyncload.datasets import write_shards
 
     rows = []
@@ -188,10 +112,11 @@ def main() -> None:
                 with open(path, "rb") as src, gzip.open(path + ".gz", "wb", compresslevel=6) as dst:
                     shutil.copyfileobj(src, dst)
                 os.unlink(path)
-        server = Server(root)
-        try:
+        # The loopback store in a child, every file in its memory, each response held LATENCY.
+        with ServerProcess(["--folder", str(root), "--latency", str(LATENCY)]) as server:
             for s, (label, n_shards, per_shard, _, suffix) in enumerate(SHAPES):
-                urls = [f"{server.url}/shape{s}/shard-{i:06d}{suffix}" for i in range(n_shards)]
+                url = server.base_url
+                urls = [f"{url}/shape{s}/shard-{i:06d}{suffix}" for i in range(n_shards)]
                 total = n_shards * per_shard
                 # A pass over the large shards lasts about a second: alternate the two loaders
                 # and keep each one's median, so one noisy second decides nothing.
@@ -200,8 +125,6 @@ def main() -> None:
                     ours_runs.append(run_asyncload(urls, total))
                     theirs_runs.append(run_webdataset(urls, total))
                 rows.append((label, statistics.median(ours_runs), statistics.median(theirs_runs)))
-        finally:
-            server.close()
 
     print(
         f"\nTar shards over loopback HTTP, {LATENCY * 1000:.0f} ms to first byte, "
