@@ -13,6 +13,7 @@ import torch
 import torch.utils.data
 
 import asyncload
+from asyncload._storage import api as _storage
 
 from ._datasets import (
     AsyncBatched,
@@ -333,6 +334,31 @@ def test_subset_and_concat_of_async_datasets(http_server: Any, num_workers: int)
     got = _as_lists(asyncload.DataLoader(concat, batch_size=7, num_workers=num_workers))
     plain = torch.utils.data.ConcatDataset([list(range(30)), [29, 3, 7, 11, 0]])
     assert got == _as_lists(torch.utils.data.DataLoader(plain, batch_size=7))
+
+
+class _PoolProbe(asyncload.Dataset):
+    """Reads its URL and answers the connection-pool size its clients are built with."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    def __len__(self) -> int:
+        return 4
+
+    async def __getitem__(self, index: int) -> int:
+        assert await asyncload.read(self.url) == b"x"
+        return _storage.pool_size()
+
+
+@pytest.mark.usefixtures("clean_storage")
+def test_thread_mode_sizes_its_loops_pool_and_leaves_the_processs(http_server: Any) -> None:
+    # num_workers=0: the loop thread's clients admit its requests in flight, as a worker's do,
+    # without the loader changing the pool size of every other reader in this process.
+    before = _storage.pool_size()
+    probe = _PoolProbe(http_server.put("x", b"x"))
+    loader = asyncload.DataLoader(probe, batch_size=None, max_concurrency=before + 100)
+    assert list(loader) == [before + 100] * 4
+    assert _storage.pool_size() == before
 
 
 def test_thread_mode_stats_count_the_loaders_reads_only(tmp_path: Any) -> None:

@@ -38,6 +38,7 @@ from .config import (
     options_for,
     pacing_snapshot,
     pool_size,
+    pool_size_here,
     prewarm,
     set_pool_size,
 )
@@ -61,6 +62,7 @@ __all__ = [
     "options_for",
     "pacing_snapshot",
     "pool_size",
+    "pool_size_here",
     "prewarm",
     "read",
     "read_sync",

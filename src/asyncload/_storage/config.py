@@ -29,6 +29,7 @@ __all__ = [
     "options_for",
     "pacing_snapshot",
     "pool_size",
+    "pool_size_here",
     "prewarm",
     "set_pool_size",
 ]
@@ -268,5 +269,8 @@ def set_pool_size(n: int) -> None:
 
 
 def pool_size() -> int:
-    """The connection-pool size clients are created with."""
+    """The connection-pool size clients are created with (in this context)."""
     return _base.pool_size()
+
+
+pool_size_here = _base.pool_size_here

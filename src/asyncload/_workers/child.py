@@ -370,7 +370,14 @@ class ThreadWorker:
 
         try:
             where = "in the DataLoader's loop thread"
-            run_engine(self._cfg, self.results.put, where, "asyncload-t", started, self._recorder)
+            # The loop's clients admit the engine's requests in flight, as a worker's do; the
+            # process's other readers keep their pool size.
+            cfg = self._cfg
+            pool = max(
+                _storage.pool_size(), most_in_flight(cfg.options.max_concurrency, cfg.num_workers)
+            )
+            with _storage.pool_size_here(pool):
+                run_engine(cfg, self.results.put, where, "asyncload-t", started, self._recorder)
         finally:
             self._ready.set()  # also when the engine could not start
 

@@ -7,11 +7,9 @@ import threading
 from collections.abc import Callable
 
 from .._engine import WorkerConfig
-from .._engine.slots import most_in_flight
 from .._exceptions import WorkerError
 from .._protocol.messages import Shutdown
 from .._stats import recorder as _metrics
-from .._storage import api as _storage
 from .child import ThreadWorker
 from .pin_memory import pin
 
@@ -36,10 +34,6 @@ class ThreadWorkers:
         self.live_stats: Callable[[], _metrics.RecorderSnapshot] | None = recorder.snapshot
         self._pin_device = pin_device
         self._closed = False
-        # The loop thread's HTTP pool must admit max_concurrency requests, as a worker's does.
-        _storage.set_pool_size(
-            max(_storage.pool_size(), most_in_flight(cfg.options.max_concurrency, cfg.num_workers))
-        )
         self._worker = ThreadWorker(cfg, recorder)
 
     @property
