@@ -127,6 +127,25 @@ def test_queueing_store_full_throughput_without_the_queue(
     assert sweep[512].p99 > 2 * unloaded.p99
 
 
+def test_a_pass_that_starts_at_a_batchs_worth_measures_the_unloaded_latency_again() -> None:
+    # Two workers start at a batch of 32 each, past the knee of a store that serves 8 at once
+    # (~40 in flight): their first latencies are taken under their own load. The first backoff
+    # probes at probe_limit in flight and finds the store's unloaded latency, so the steady
+    # line is short. (Without the probe, the median over seeds was 1.98x the unloaded p99.)
+    def store() -> Queue:
+        return Queue(8, 0.005, 0.020)
+
+    _, best, sweep = best_fixed(store, duration=6.0, start=3.0, workers=2)
+    ratios = []
+    for seed in range(1, 6):
+        ws = simulate(store(), [_auto(config=ControlConfig(initial=32)) for _ in range(2)], 6.0,
+                      seed=seed)  # fmt: skip
+        steady = figures(ws, 3.0, 6.0)
+        assert steady.goodput >= 0.95 * best.goodput, (seed, steady, best)
+        ratios.append(steady.p99 / sweep[4].p99)
+    assert sorted(ratios)[2] <= 1.6, ratios
+
+
 # ── (d) a throttled burst ────────────────────────────────────────────────────────────────────
 
 

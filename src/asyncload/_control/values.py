@@ -83,6 +83,9 @@ class ControlConfig:
     """Longest ``Retry-After`` that freezes growth (the retry path decides about the request)."""
     cpu_backoff: float = 0.9
     """The limit per round trip while the CPU lane is the bottleneck, as a share."""
+    probe_limit: int = 8
+    """Requests in flight while the unloaded latency is measured again (a probe, as BBR's
+    PROBE_RTT): when a pass started above this, its first latencies were taken under load."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_limit <= self.initial <= self.max_limit:
