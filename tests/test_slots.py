@@ -212,7 +212,7 @@ def test_an_engine_starts_where_it_was_told_the_last_pass_got_to() -> None:
     results = asyncio.run(_read(cfg, 50, window=50))
     first = next(r.stats for r in results if r.stats is not None)
     assert first.limit == 100  # no slow start from 8
-    assert isinstance(first.learned, LimitState)
+    assert any(isinstance(r.limit, LimitState) for r in results if r.stats is not None)
 
 
 @pytest.mark.timeout(120)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._checkpoint import elastic_iter as _elastic_iter
+from .._control import LimitState
 from .._dataset import cpu as _cpu
 from .._dataset import datapipes as _datapipes
 from .._dataset.base import batch_fetcher_for, fetcher_for
@@ -140,10 +141,14 @@ class EngineCore:
             self._last_stats = now
             self._note_cpu()
             self.recorder.limit = self._sem.limit
-            if self._sem.controller is not None:  # for the next pass's workers (slots.py)
-                self.recorder.learned = self._sem.controller.export()
             return self.recorder.snapshot()
         return None
+
+    def _learned(self) -> LimitState | None:
+        """Where the adaptive limit got to, for the next pass's workers (``slots.learned_from``);
+        ``None`` with a fixed one."""
+        controller = self._sem.controller
+        return None if controller is None else controller.export()
 
     def _cpu_clocks(self) -> tuple[float, float]:
         """(CPU seconds of this worker so far, of which on its lane)."""
@@ -190,6 +195,7 @@ class EngineCore:
                 self.cfg.worker_id,
                 RemoteError.capture(exc, where),
                 self._stats(force=True),
+                self._learned(),
             )
         )
 
@@ -220,6 +226,7 @@ class EngineCore:
                 tuple(skipped or ()),
                 count,
                 tags,
+                self._learned() if stats is not None else None,
             )
         )
 

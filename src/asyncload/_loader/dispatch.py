@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from .._checkpoint.resume import Progress, ResumePoint, capture_rng
+from .._control import LimitState
 from .._dataset.sample_errors import Budget
 from .._exceptions import BatchTimeout
 from .._protocol.messages import (
@@ -45,6 +46,8 @@ class Dispatch:
 
     spec: PassSpec
     tally: Tally
+    learned: dict[int, LimitState]
+    """Where each worker's adaptive limit got to (control data, beside the stats)."""
     _engines: Workers | None
     _num_workers: int
     _generation: int
@@ -163,8 +166,11 @@ class Dispatch:
                 msg.error.reraise()
             self._pending.pop(msg.send_idx, None)
             self._sent_indices.pop(msg.send_idx, None)
-            if isinstance(msg, Result | Failure) and msg.stats is not None:
-                self.tally.workers[msg.worker_id] = msg.stats
+            if isinstance(msg, Result | Failure):
+                if msg.stats is not None:
+                    self.tally.workers[msg.worker_id] = msg.stats
+                if msg.limit is not None:
+                    self.learned[msg.worker_id] = msg.limit
             reply = msg
             if isinstance(msg, Exhausted):
                 self._active[msg.worker_id] = False

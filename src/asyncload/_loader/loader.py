@@ -202,6 +202,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
             prefetch_factor, max_concurrency, self.num_workers, per_batch
         )
         self._tally: _stats.Tally | None = None
+        # Where the last pass's workers' adaptive limits got to (the next pass starts there).
+        self._learned: dict[int, Any] = {}
         self._persistent_pass: Pass | None = None
         self._live_pass: weakref.ref[Pass] | None = None
         # Epochs and a loaded checkpoint's resume, as one value replaced whole (_loader/state).
@@ -251,6 +253,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
             spec = dataclasses.replace(spec, reader_plans=plans, persistent=False)
         it = Pass(spec, resume=resume, len_reported=self._IterableDataset_len_called)
         self._tally = it.tally
+        self._learned = it.learned
         self._live_pass = weakref.ref(it)
         return it
 
@@ -346,6 +349,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
         else:
             persistent.restart(self._state.epoch, self._IterableDataset_len_called)
             self._tally = persistent.tally
+            self._learned = persistent.learned
         return persistent
 
     def __aiter__(self) -> AsyncIterator[Any]:

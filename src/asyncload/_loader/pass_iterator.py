@@ -25,6 +25,7 @@ import torch
 import torch.utils.data
 
 from .._checkpoint.resume import Progress, ResumePoint, restore_rng
+from .._control import LimitState
 from .._protocol.messages import Failure, PassStarted, StartPass
 from .._stats.loader_stats import Tally
 from .._workers import Workers
@@ -82,6 +83,7 @@ class Pass(Dispatch):
         self._engines: Workers | None = None
         self.spec = spec
         self.tally = Tally(max(1, spec.num_workers), None)
+        self.learned: dict[int, LimitState] = {}
         self._len_reported = len_reported
         self._num_workers = max(1, spec.num_workers)
         self._generation = 0

@@ -84,10 +84,9 @@ def pass_spec(loader: Any) -> PassSpec:
 def _learned_limit(loader: Any) -> Any:
     """Where the next pass's adaptive limits start: where the last pass's workers got to
     (no slow start again, and a store's throttle remembered), or ``None``."""
-    if loader.max_concurrency is not None or loader._tally is None:
+    if loader.max_concurrency is not None:
         return None
-    snaps = loader._tally.snapshots()
-    return learned_from([s.learned for s in snaps], max(1, loader.num_workers))
+    return learned_from(list(loader._learned.values()), max(1, loader.num_workers))
 
 
 _warned_pin = False

@@ -77,6 +77,7 @@ from .._exceptions import add_note
 from .._stats.loader_stats import RecorderSnapshot
 
 if TYPE_CHECKING:
+    from .._control.values import LimitState
     from .._storage.backends.pacing_memory import PacingMemory
     from .._storage.config import StorageConfig
 
@@ -164,6 +165,9 @@ class Result:
     tags: tuple[Any, ...] = ()
     """Which samples the batch took, from a dataset that tags its items
     (``_checkpoint.elastic_iter``)."""
+    limit: LimitState | None = None
+    """Where the worker's adaptive in-flight limit got to, with the stats (control data, kept
+    out of ``stats``; the next pass's workers start there)."""
     pacing: PacingMemory | None = None
     """What the worker's connections learned of their hosts, when it changed (control data,
     kept out of ``stats``; the main process hands it to the next pass's workers)."""
@@ -178,6 +182,8 @@ class Failure:
     worker_id: int
     error: RemoteError
     stats: RecorderSnapshot | None = None
+    limit: LimitState | None = None
+    """As ``Result.limit``."""
     pacing: PacingMemory | None = None
     """As ``Result.pacing``."""
 

@@ -61,8 +61,6 @@ class RecorderSnapshot:
     counts: tuple[tuple[str, int], ...] = ()
     limit: int = 0
     """Samples the engine may have in flight now (its adaptive limit, or the fixed one)."""
-    learned: object = None
-    """What an adaptive limit learned (a ``_control.LimitState``), for the next pass's workers."""
     cpu_s: float = 0.0
     """CPU seconds the worker used this pass, all its threads (in a thread worker: its loop's
     thread and its CPU lane's)."""
@@ -82,7 +80,6 @@ class Recorder:
     errors: collections.Counter[str] = field(default_factory=collections.Counter)
     counts: collections.Counter[str] = field(default_factory=collections.Counter)
     limit: int = 0
-    learned: object = None
     cpu_s: float = 0.0
     lane_s: float = 0.0
     # The engine's in-flight limit, told of a throttle: (when the throttled attempt was sent,
@@ -103,14 +100,12 @@ class Recorder:
             errors=tuple(sorted(self.errors.items())),
             counts=tuple(sorted(self.counts.items())),
             limit=self.limit,
-            learned=self.learned,
             cpu_s=self.cpu_s,
             lane_s=self.lane_s,
         )
 
     def reset(self) -> None:
         self.samples = self.bytes = self.in_flight = 0
-        self.learned = None
         self.cpu_s = self.lane_s = 0.0
         self.latency_hist = [0] * _NUM_BUCKETS
         self.retries.clear()
