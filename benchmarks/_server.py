@@ -1,8 +1,10 @@
 """The loopback object store (``asyncload.cli.loopback``) in its own process, for benchmarks.
 
-The store runs in a child process (``python src/asyncload/cli/loopback.py``) so that its CPU
-time is not mixed into the client's: a benchmark measures the loader, and on a 2-core machine
-the server competing for the client's interpreter would skew every ratio.
+The store runs in a child process (``python src/asyncload/cli/loopback/_child.py --fast``)
+so that its CPU time is not mixed into the client's: a benchmark measures the loader, and on a
+2-core machine the server competing for the client's interpreter would skew every ratio. For
+the same reason it speaks HTTP through its hand-written front end (``loopback/fast.py``), not
+aiohttp.web: a third of the CPU per response.
 
 Objects are generated, not stored: ``GET /obj/{size}/{latency_ms}/{i}`` answers ``size`` bytes
 that depend only on ``i`` (:func:`object_bytes`) after sleeping ``latency_ms`` milliseconds (or a
@@ -50,9 +52,12 @@ class ObjectServerProcess(ServerProcess):
         throttle_status: int = 503,
         retry_after: float | None = None,
         queue: tuple[int, float] | None = None,
+        fast: bool = True,
     ) -> None:
         """*throttle* is ``(rate per second, burst)`` per prefix, *queue* ``(slots,
-        service_ms)`` per prefix (see the module doc); both off by default."""
+        service_ms)`` per prefix (see the module doc); both off by default. *fast*: the
+        hand-written HTTP front end (``loopback/fast.py``), whose lower CPU per response leaves
+        more of the machine to the client being measured; ``False``: aiohttp.web."""
         args = ["--generated", "--control"]
         if throttle is not None:
             args += ["--throttle", f"{throttle[0]:g}:{throttle[1]:g}"]
@@ -61,7 +66,7 @@ class ObjectServerProcess(ServerProcess):
                 args += ["--retry-after", f"{retry_after:g}"]
         if queue is not None:
             args += ["--queue", f"{queue[0]}:{queue[1]:g}"]
-        super().__init__(args, host=host)
+        super().__init__(args, host=host, fast=fast)
 
     def prefix(self, size: int, latency: float) -> str:
         """URL prefix of objects of *size* bytes served after *latency* seconds; add ``/{i}``."""

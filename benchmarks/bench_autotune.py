@@ -133,7 +133,7 @@ def _serve(argv: list[str]) -> None:
     if args.files:
         files = sorted(p for p in Path(args.files).iterdir() if p.name != "done")
         store.corpora[bench_pipeline.CORPUS_ID["images"]] = [p.read_bytes() for p in files]
-    loopback.run_child(store)
+    loopback.run_child(store, fast=args.fast)
 
 
 class Store(ObjectServerProcess):

@@ -536,7 +536,7 @@ def load_corpora(store: loopback.Store, folders: list[str]) -> None:
 def _serve_files(folders: list[str]) -> None:
     store = loopback.Store(generated=True, control=True, record=False)
     load_corpora(store, folders)
-    loopback.run_child(store)
+    loopback.run_child(store, fast=True)
 
 
 class FileServerProcess(_server.ObjectServerProcess):

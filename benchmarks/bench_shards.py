@@ -113,7 +113,7 @@ def main() -> None:
                     shutil.copyfileobj(src, dst)
                 os.unlink(path)
         # The loopback store in a child, every file in its memory, each response held LATENCY.
-        with ServerProcess(["--folder", str(root), "--latency", str(LATENCY)]) as server:
+        with ServerProcess(["--folder", str(root), "--latency", str(LATENCY)], fast=True) as server:
             for s, (label, n_shards, per_shard, _, suffix) in enumerate(SHAPES):
                 url = server.base_url
                 urls = [f"{url}/shape{s}/shard-{i:06d}{suffix}" for i in range(n_shards)]

@@ -1,8 +1,9 @@
 """The loopback object store (``asyncload.cli.loopback``) served from a thread, for tests.
 
-The store and its request handling (latency, faults, throttles, queues, counters) live in
-``src/asyncload/cli/loopback.py``, shared with the benchmarks and ``asyncload demo``; this module
-keeps the names the tests use. ``ObjectServer`` is the state shared between a test and the
+A real aiohttp.web server on 127.0.0.1 (``loopback/web.py``) in a thread with its own event
+loop. What it answers (latency, faults, throttles, queues, counters) is decided by the store,
+``src/asyncload/cli/loopback/store.py``, shared with the benchmarks and ``asyncload demo``; this
+module keeps the names the tests use. ``ObjectServer`` is the state shared between a test and the
 server's handlers; see ``loopback.FAULTS`` for what ``fail()`` can queue.
 """
 

@@ -1,11 +1,11 @@
 """The demo's embedded object store: a synthetic image dataset in the loopback object store.
 
 ``asyncload demo`` runs this file as a *script* in a child process (``python demo_server.py``),
-not through the package: the child then imports NumPy and ``loopback.py`` (the standard
-library) only, starts in a fraction of a second, and its request handling never competes for
-the GIL with the training loop whose data wait the demo measures. The child prints
-``PORT <n>`` and serves until its stdin closes, so it also goes away when the parent dies
-(``loopback.run_child``).
+not through the package: the child then imports NumPy, the ``loopback`` package and the
+aiohttp.web it serves over, not asyncload (and torch); it starts in about a quarter of a second,
+and its request handling never competes for the GIL with the training loop whose data wait the
+demo measures. The child prints ``PORT <n>`` and serves until its stdin closes, so it also goes
+away when the parent dies (``loopback.run_child``).
 
 The dataset is CIFAR-10's binary record layout, one record per object: one label byte, then
 3×32×32 ``uint8`` pixels (all red, then green, then blue), 3,073 bytes. Record *i* depends only
@@ -22,7 +22,8 @@ import numpy as np
 
 try:
     from . import loopback
-except ImportError:  # run as a script (see above): this folder is sys.path[0], no package
+except ImportError:  # run as a script (see above): this folder is sys.path[0], no package,
+    # so cli/loopback/ is imported as the top-level package ``loopback``.
     import loopback  # type: ignore[no-redef,import-not-found]
 
 RECORD_SIZE = 1 + 3 * 32 * 32
