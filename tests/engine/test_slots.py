@@ -1,0 +1,405 @@
+"""The engine's fetch slots (``_engine/slots.py``): a fixed count, or a limit found while reading.
+
+No network: in-memory datasets whose samples wait (a store's latency) or spin (a worker's CPU),
+run by an engine on its own, as in test_engine.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+import asyncload
+from asyncload._control import LimitState
+from asyncload._control import aside as _aside
+from asyncload._engine import Engine, WorkerConfig
+from asyncload._engine.slots import (
+    AUTO_CEILING,
+    LOADER_CEILING,
+    Held,
+    Slots,
+    initial_limit,
+    most_in_flight,
+)
+from asyncload._protocol.messages import IndexTask, PassStarted, Result, Shutdown
+from asyncload._stats import recorder as _metrics
+from asyncload._storage.retry import retrying
+from asyncload.sources import AttemptFailed
+
+from .._datasets import worker_config
+
+
+class Store(asyncload.Dataset[int]):
+    """Index *i* returns *i* after *latency* seconds of waiting and *cpu* seconds of spinning
+    (the loop is blocked meanwhile, as by a decode); counts the fetches in flight."""
+
+    def __init__(self, n: int, *, latency: float = 0.0, cpu: float = 0.0) -> None:
+        self.n, self.latency, self.cpu = n, latency, cpu
+        self.in_flight = self.peak = 0
+        self.throttle: set[int] = set()  # indices whose first attempt the store refuses
+        self.limit: Any = None  # reads the engine's limit now (set by _read)
+        self.limits: list[tuple[int, int]] = []  # the limit just before and after each throttle
+
+    def __len__(self) -> int:
+        return self.n
+
+    async def __getitem__(self, index: int) -> int:
+        self.in_flight += 1
+        self.peak = max(self.peak, self.in_flight)
+        try:
+            sent = time.monotonic()
+            await asyncio.sleep(self.latency)
+            if index in self.throttle:
+                # What the storage layer's retry path does on a 503 SlowDown, then retries.
+                before = self.limit()
+                _metrics.note_throttle(sent, None)
+                self.limits.append((before, self.limit()))
+                await asyncio.sleep(self.latency)
+            end = time.perf_counter() + self.cpu
+            while time.perf_counter() < end:
+                pass
+            return index
+        finally:
+            self.in_flight -= 1
+
+
+def _config(dataset: Any, max_concurrency: int | None, batch_size: int = 8) -> WorkerConfig:
+    return worker_config(dataset, max_concurrency=max_concurrency, batch_size=batch_size)
+
+
+async def _read(
+    cfg: WorkerConfig, batches: int, *, window: int, watch: Callable[[Engine], None] | None = None
+) -> list[Result]:
+    """Read *batches* batches of the dataset, keeping *window* of them out (as the main
+    process does); the results in the order they came. *watch* sees the engine every 2 ms."""
+    out: list[Any] = []
+    engine = Engine(cfg, out.append, "in a test engine")
+    if isinstance(cfg.dataset, Store):
+        cfg.dataset.limit = lambda: engine._sem.limit
+    inbox: asyncio.Queue[object] = asyncio.Queue()
+    runner = asyncio.ensure_future(engine.run(inbox))
+    size = cfg.batch_size or 1
+    sent = 0
+    deadline = time.monotonic() + 60  # bounded: every test here ends well before
+    while sum(isinstance(r, Result) for r in out) < batches:
+        assert time.monotonic() < deadline, "the engine stopped answering"
+        done = sum(not isinstance(r, PassStarted) for r in out)
+        while sent < batches and sent - done < window:
+            inbox.put_nowait(IndexTask(sent, 0, np.arange(sent * size, (sent + 1) * size)))
+            sent += 1
+        await asyncio.sleep(0.002)
+        if watch is not None:
+            watch(engine)
+    inbox.put_nowait(Shutdown())
+    await asyncio.wait_for(runner, 5)
+    return [r for r in out if isinstance(r, Result)]
+
+
+def _last_limit(results: list[Result]) -> int:
+    stats = [r.stats for r in results if r.stats is not None]
+    return stats[-1].limit
+
+
+@pytest.mark.timeout(60)
+def test_an_explicit_max_concurrency_is_never_exceeded_and_reported() -> None:
+    ds = Store(800, latency=0.005)
+    results = asyncio.run(_read(_config(ds, 6), 100, window=40))
+    assert sorted(x for r in results for x in r.data) == list(range(800))
+    assert ds.peak == 6
+    assert _last_limit(results) == 6
+
+
+@pytest.mark.timeout(60)
+def test_the_default_grows_to_hide_a_stores_latency() -> None:
+    # 20 ms of waiting and nothing else: more in flight is more throughput, so the limit
+    # leaves its start (a batch, 8) far behind, and every sample still comes exactly once.
+    ds = Store(6000, latency=0.02)
+    results = asyncio.run(_read(_config(ds, None), 750, window=200))
+    assert sorted(x for r in results for x in r.data) == list(range(6000))
+    assert ds.peak >= 64
+    assert ds.peak <= AUTO_CEILING
+    assert _last_limit(results) >= 64
+
+
+@pytest.mark.timeout(60)
+def test_the_default_stays_small_when_the_cpu_is_the_bottleneck() -> None:
+    # 2 ms of CPU per sample and no waiting: samples in flight only queue for the loop (their
+    # latency grows with their number, their rate does not), so the limit does not grow: it
+    # hovers where a few samples queue (13-20 on a busy 2-core machine), far under the 64+
+    # a store's latency earns and the 512 ceiling.
+    ds = Store(1200, cpu=0.002)
+    results = asyncio.run(_read(_config(ds, None), 150, window=100))
+    assert sorted(x for r in results for x in r.data) == list(range(1200))
+    limits = [r.stats.limit for r in results if r.stats is not None]
+    assert max(limits[len(limits) // 2 :]) <= 32, limits
+
+
+@pytest.mark.timeout(60)
+def test_a_throttle_cuts_the_limit_at_once_and_nothing_is_lost() -> None:
+    ds = Store(4000, latency=0.02)
+    ds.throttle = set(range(2000, 2010))  # a burst of 503s midway
+    results = asyncio.run(_read(_config(ds, None), 500, window=200))
+    assert sorted(x for r in results for x in r.data) == list(range(4000))
+    counts = [dict(r.stats.counts).get("throttled", 0) for r in results if r.stats is not None]
+    assert counts[-1] == 10  # every throttle counted once (they reach loader.stats())
+    # The first throttle cuts the limit to 0.8 of it at once; the nine others, sent before the
+    # cut, are answers to the same overload and cut nothing more (ten cuts: 0.8**10 = 0.11).
+    first_before, first_after = ds.limits[0]
+    assert first_before >= 32  # it had grown: a cut means something
+    assert abs(first_after - 0.8 * first_before) <= 1
+    assert all(after >= first_after for _, after in ds.limits)
+
+
+@pytest.mark.timeout(10)
+def test_a_slot_is_handed_on_only_while_the_limit_allows() -> None:
+    async def main() -> None:
+        slots = Slots(None, initial=4)
+        grants = [await slots.acquire() for _ in range(4)]
+        assert slots.limit == 4
+        # A finished sample's holder may take the next one: still 4 in flight.
+        assert slots.handoff(grants[0], True) is not None
+        slots.throttled(grants[1], None)  # cut to 3 (0.8 x 4): one slot too many
+        assert slots.limit == 3
+        assert slots.handoff(grants[1], True) is None  # given back, not handed on
+        waiter = asyncio.ensure_future(slots.acquire())
+        await asyncio.sleep(0)
+        assert not waiter.done()  # 3 in flight, limit 3
+        slots.release(grants[2], True)
+        assert await asyncio.wait_for(waiter, 1) > 0
+
+    asyncio.run(main())
+
+
+@pytest.mark.timeout(10)
+def test_sizes_follow_the_setting() -> None:
+    assert most_in_flight(None, 1) == most_in_flight(None, 2) == AUTO_CEILING
+    assert most_in_flight(None, 8) == LOADER_CEILING // 8  # a loader's share, each
+    assert most_in_flight(None, 64) == 64  # never under a useful minimum
+    assert most_in_flight(32, 8) == 32  # an explicit value is the value
+    assert initial_limit(None) == 8
+    assert initial_limit(64) == 64
+    assert initial_limit(10_000) == AUTO_CEILING // 4
+
+    async def main() -> tuple[int, int]:
+        fixed = Slots(3)
+        renewed = fixed.renewed()
+        return fixed.limit, renewed.limit
+
+    assert asyncio.run(main()) == (3, 3)
+
+
+@pytest.mark.timeout(10)
+def test_the_loader_takes_none_or_a_positive_int() -> None:
+    ds = Store(4)
+    assert asyncload.DataLoader(ds).max_concurrency is None
+    assert asyncload.DataLoader(ds, max_concurrency="auto").max_concurrency is None
+    assert asyncload.DataLoader(ds, max_concurrency=16).max_concurrency == 16
+    for bad in (0, -1, 2.5, True, "fast"):
+        with pytest.raises(ValueError, match="max_concurrency must be a positive integer"):
+            asyncload.DataLoader(ds, max_concurrency=bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.timeout(60)
+def test_an_engine_starts_where_it_was_told_the_last_pass_got_to() -> None:
+    ds = Store(400, latency=0.01)
+    cfg = dataclasses.replace(_config(ds, None), learned_limit=LimitState(limit=100.0))
+    results = asyncio.run(_read(cfg, 50, window=50))
+    first = next(r.stats for r in results if r.stats is not None)
+    assert first.limit == 100  # no slow start from 8
+    assert any(isinstance(r.limit, LimitState) for r in results if r.stats is not None)
+
+
+@pytest.mark.timeout(120)
+def test_the_next_pass_starts_where_the_last_ones_workers_got_to() -> None:
+    loader = asyncload.DataLoader(
+        Store(4000, latency=0.02), batch_size=8, num_workers=2, collate_fn=list
+    )
+    assert sum(len(b) for b in loader) == 4000
+    got_to = loader.stats().concurrency
+    assert min(got_to) > 32  # grew from a batch's worth (8)
+    it = iter(loader)
+    next(it)
+    started_at = loader.stats().concurrency
+    assert min(started_at) > 16, (got_to, started_at)
+    del it
+
+
+@pytest.mark.timeout(10)
+def test_a_slot_given_back_unused_teaches_nothing() -> None:
+    async def main() -> None:
+        slots = Slots(None, initial=4)
+        granted = await slots.acquire()
+        slots.release()  # taken, then nothing was in line for it
+        assert slots.handoff(await slots.acquire(), None) is not None  # a cancelled sample
+        slots.release(granted, False)
+        c = slots.controller
+        assert c is not None
+        stats = c.stats()
+        assert (stats.in_flight, stats.requests, stats.failed) == (0, 1, 1)
+
+    asyncio.run(main())
+
+
+@pytest.mark.timeout(10)
+def test_a_retry_waits_outside_its_slot_and_takes_one_again_first() -> None:
+    async def main() -> None:
+        slots = Slots(None, initial=2)
+        c = slots.controller
+        assert c is not None
+        first = Held(slots, await slots.acquire())
+        other = await slots.acquire()
+
+        async def sample() -> None:  # a sample whose storage request backs off once
+            _aside.seat.set(first)
+            await _aside.sleep_aside(0.05)
+
+        backing_off = asyncio.ensure_future(sample())
+        await asyncio.sleep(0.01)
+        assert (first.held, c.in_flight) == (False, 1)  # its slot went back meanwhile
+        taken = await asyncio.wait_for(slots.acquire(), 1)  # ... and was taken
+        late = asyncio.ensure_future(slots.acquire())  # a new sample, in line before it wakes
+        await asyncio.sleep(0.08)
+        assert not backing_off.done()  # woke, and waits in line: 2 in flight, limit 2
+        slots.release(other, True)
+        await asyncio.wait_for(backing_off, 1)  # first in line, ahead of `late`
+        assert first.held
+        assert not late.done()
+        assert c.in_flight == 2
+        slots.release(taken, True)
+        await asyncio.wait_for(late, 1)
+        late.result()
+
+        # A fixed max_concurrency keeps its slot through a backoff: the user's number holds.
+        fixed = Slots(1)
+        kept = Held(fixed, await fixed.acquire())
+        assert not kept.leave()
+        assert kept.held
+
+    asyncio.run(main())
+
+
+class Throttled(Store):
+    """A store whose *throttle* indices are refused once (503, retry after RETRY_AFTER s) and
+    retried by the storage layer's own loop; counts what is being answered and what waits."""
+
+    RETRY_AFTER = 0.3
+
+    def __init__(self, n: int, *, latency: float) -> None:
+        super().__init__(n, latency=latency)
+        self.answering = 0  # requests the store is answering now
+        self.waiting = 0  # refused requests waiting for their retry
+        self.watch: list[tuple[int, int, int]] = []  # (answering, waiting, slots taken)
+
+    async def __getitem__(self, index: int) -> int:
+        refused = [index in self.throttle]
+
+        async def attempt() -> int:
+            if not refused[0] and index in self.throttle:
+                self.waiting -= 1  # its retry
+            self.answering += 1
+            try:
+                await asyncio.sleep(self.latency)
+            finally:
+                self.answering -= 1
+            if refused[0]:
+                refused[0] = False
+                self.waiting += 1
+                raise AttemptFailed(
+                    asyncload.ServerError,
+                    "slow down",
+                    status=503,
+                    retryable=True,
+                    reason="503",
+                    retry_after=self.RETRY_AFTER,
+                )
+            return index
+
+        return await retrying(attempt, url=f"mem://{index}", policy=asyncload.Retry())
+
+
+@pytest.mark.timeout(60)
+def test_samples_waiting_to_retry_hold_no_slot() -> None:
+    ds = Throttled(3000, latency=0.02)
+    ds.throttle = set(range(1500, 1520))  # a burst of 503s midway
+
+    def watch(engine: Engine) -> None:
+        c = engine._sem.controller
+        assert c is not None
+        if ds.waiting:
+            ds.watch.append((ds.answering, ds.waiting, c.in_flight))
+
+    results = asyncio.run(_read(_config(ds, None), 375, window=200, watch=watch))
+    assert sorted(x for r in results for x in r.data) == list(range(3000))
+    assert ds.waiting == 0
+    # While twenty refused samples waited 0.3 s for their retries, the slots taken were those
+    # of the requests being answered (and a few granted, not yet sent): the waiting held none.
+    # (Held through their backoff, they would be 20 on top.)
+    assert max(w for _, w, _ in ds.watch) >= 15
+    calm = [taken - answering for answering, waiting, taken in ds.watch if waiting >= 15]
+    assert calm
+    assert min(calm) <= 4, ds.watch
+
+
+@pytest.mark.timeout(10)
+def test_a_task_left_running_by_its_sample_never_keeps_a_slot() -> None:
+    async def main() -> None:
+        slots = Slots(None, initial=4)
+        c = slots.controller
+        assert c is not None
+        held = Held(slots, await slots.acquire())
+
+        async def stray() -> None:  # started by a sample, outlives it, and backs off
+            _aside.seat.set(held)
+            await _aside.sleep_aside(0.05)
+
+        task = asyncio.ensure_future(stray())
+        await asyncio.sleep(0.01)
+        held.release(True)  # the sample's task is done with its slot
+        assert c.in_flight == 0
+        await asyncio.wait_for(task, 1)  # woke and took nothing (or gave it straight back)
+        assert c.in_flight == 0
+        assert not held.held
+
+    asyncio.run(main())
+
+
+@pytest.mark.timeout(10)
+def test_slots_given_back_are_taken_again_in_the_order_they_were_given() -> None:
+    async def main() -> None:
+        slots = Slots(None, initial=1)
+        c = slots.controller
+        assert c is not None
+        granted = await slots.acquire()
+        order: list[str] = []
+
+        async def take(name: str, first: bool) -> None:
+            got = await slots.acquire(first=first)
+            order.append(name)
+            slots.release(got, True)
+
+        tasks = [
+            asyncio.ensure_future(take("new", False)),
+            asyncio.ensure_future(take("retry-1", True)),
+            asyncio.ensure_future(take("retry-2", True)),
+        ]
+        await asyncio.sleep(0)
+        slots.release(granted, True)
+        await asyncio.wait_for(asyncio.gather(*tasks), 1)
+        assert order == ["retry-1", "retry-2", "new"]
+        # A grant cancelled before its holder ran teaches nothing (no failed request).
+        granted = await slots.acquire()
+        waiter = asyncio.ensure_future(slots.acquire())
+        await asyncio.sleep(0)
+        slots.release(granted, True)  # granted to the waiter ...
+        waiter.cancel()  # ... which is cancelled in the same turn
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        assert (c.in_flight, c.stats().failed) == (0, 0)
+
+    asyncio.run(main())
