@@ -70,7 +70,7 @@ lowest: $(STAMP) $(AZURITE)
 	$(LOWEST_VENV)/bin/python -m pip check
 	$(LOWEST_VENV)/bin/python -m pip list 2>/dev/null | grep -i -E '^($(subst $(eval) ,|,$(LOWEST))) '
 	PYTHONPATH=$(CURDIR)/src $(LOWEST_VENV)/bin/python -m pytest -q -p no:cacheprovider \
-		tests/sources tests/test_loader.py tests/test_read_sync.py
+		tests/sources tests/loader/test_loader.py tests/storage/test_sync.py
 
 clean:
 	rm -rf $(VENV) $(LOWEST_VENV) .site .mypy_cache .ruff_cache .pytest_cache .azurite

@@ -12,7 +12,7 @@ and the reaper have run, and the tracebacks that reached stderr (a worker's incl
     .venv/bin/python benchmarks/bench_churn.py --loaders 200 --hogs 0   # a quick look
 
 ``--json PATH`` also writes the figures, and the tracebacks counted, as JSON
-(``tests/test_reaper.py`` runs 160 loaders that way).
+(``tests/workers/test_reaper.py`` runs 160 loaders that way).
 """
 
 from __future__ import annotations

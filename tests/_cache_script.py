@@ -1,4 +1,4 @@
-"""Reads URLs through the local cache in a separate process (tests/test_cache.py runs it).
+"""Reads URLs through the local cache in a separate process (tests/storage/test_cache.py runs it).
 
     python tests/_cache_script.py read URL...      read all concurrently; print "ok N"
     python tests/_cache_script.py stall-write URL  start storing URL, print WRITING, then hang

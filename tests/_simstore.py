@@ -1,6 +1,6 @@
 """A discrete-event simulator of object stores and of workers that read them, with a fake clock.
 
-For the in-flight controller's tests (``test_concurrency.py``): no network, no sleeping, the
+For the in-flight controller's tests (``tests/control/test_law.py``): no network, no sleeping, the
 same figures on every run (seeded jitter). A ``Worker`` keeps as many requests in flight to one
 store as its limiter allows and reports every answer to it; stores answer after a latency that
 depends on their model:

@@ -1,5 +1,5 @@
 """The forkserver forked from the loader's process, observed from a fresh interpreter
-(tests/test_forkserver.py).
+(tests/workers/start_method/test_forkserver.py).
 
 Usage: python forked_server.py default|explicit|thread|native|wait [MARKER]; prints a JSON line
 (``wait`` prints it, then sleeps until killed).

@@ -3,7 +3,7 @@
 Freeing an mmap'd block raises glibc's threshold to its size, so the probe after the pass uses
 a larger block than the one before.
 
-Usage: python heap_thresholds.py loader|none; prints a JSON line (tests/test_tuning.py).
+Usage: python heap_thresholds.py loader|none; prints a JSON line (tests/workers/test_tuning.py).
 """
 
 import ctypes

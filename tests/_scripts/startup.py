@@ -1,4 +1,5 @@
-"""Start-up in the background, observed from a fresh interpreter (tests/test_startup.py).
+"""Start-up in the background, observed from a fresh interpreter
+(tests/workers/start_method/test_startup.py).
 
 Usage: python startup.py loader|string|context; prints a JSON line.
 """

@@ -1,7 +1,7 @@
 """Iterate a long loader; print the worker pids once the first batch arrived.
 
 With the argument ``epochs``, iterate short epochs for ever instead: each new pass's processes
-start in the background during the last one (standby workers). Run by tests/test_shutdown.py,
+start in the background during the last one (standby workers). Run by tests/workers/test_stop.py,
 which then kills or interrupts this process.
 """
 

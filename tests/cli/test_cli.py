@@ -17,7 +17,7 @@ from asyncload.cli import demo_server as _demo_server
 
 from .._http_server import ObjectServer
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _row(table: str, label: str) -> list[str]:

@@ -1,7 +1,7 @@
 """The adaptive in-flight limit on simulated stores: a fake clock, no network, seeded jitter.
 
 Each scenario runs a few simulated seconds in well under a second of CPU; the figures quoted in
-``asyncload._concurrency``'s design note come from these same stores.
+``asyncload._control.law``'s design note come from these same stores.
 """
 
 from __future__ import annotations

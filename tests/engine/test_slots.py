@@ -1,7 +1,7 @@
 """The engine's fetch slots (``_engine/slots.py``): a fixed count, or a limit found while reading.
 
 No network: in-memory datasets whose samples wait (a store's latency) or spin (a worker's CPU),
-run by an engine on its own, as in test_engine.py.
+run by an engine on its own, as in test_core.py.
 """
 
 from __future__ import annotations

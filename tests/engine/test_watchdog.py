@@ -23,8 +23,8 @@ from .._guard_datasets import Blocking, ForgetsAwait, SyncReturnsCoroutine
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
-ROOT = Path(__file__).resolve().parent.parent
-SCRIPTS = Path(__file__).resolve().parent / "_scripts"
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPTS = Path(__file__).resolve().parents[1] / "_scripts"
 
 
 def _blocking_line() -> str:

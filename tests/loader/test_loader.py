@@ -305,7 +305,7 @@ def test_connection_pool_admits_max_concurrency(http_server: Any, num_workers: i
     n = 400
     base = put_numbers(http_server, n)
     http_server.latency = 0.1
-    # Hedges (up to 5% more requests, tested in test_hedge.py) are not samples: off here, so
+    # Hedges (up to 5% more requests, tested in storage/test_hedge.py) are not samples: off here, so
     # the server counts the loader's own requests only.
     asyncload.configure(http_server.url, hedge=None)
     loader = asyncload.DataLoader(

@@ -18,8 +18,8 @@ from .._http_server import ObjectServer
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.usefixtures("clean_storage")]
 
-SCRIPT = Path(__file__).resolve().parent / "_cache_script.py"
-ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = Path(__file__).resolve().parents[1] / "_cache_script.py"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def body(i: int, size: int = 10_000) -> bytes:
@@ -97,7 +97,7 @@ async def test_a_stream_stopped_early_leaves_no_entry(
 
 
 async def test_tar_shards_read_through_the_cache(http_server: ObjectServer, tmp_path: Path) -> None:
-    from .datasets.test_tar import collect, serve_shards
+    from ..datasets.test_tar import collect, serve_shards
 
     _storage.configure(http_server.url, cache_dir=str(tmp_path))
     urls = serve_shards(http_server, 3, 5)

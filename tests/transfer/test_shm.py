@@ -31,7 +31,7 @@ pytestmark = [
 
 @pytest.fixture(autouse=True)
 def _no_blocked_loop_check(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Four workers on two cores: the blocked-loop watchdog (tested in test_watchdog.py) can
+    # Four workers on two cores: the blocked-loop watchdog (tested in engine/test_watchdog.py) can
     # take a worker's wait for the GIL or a core for a blocked loop. These tests are about
     # shared memory, so its warning (an error under filterwarnings) is switched off here.
     monkeypatch.setenv("ASYNCLOAD_SLOW_CALLBACK", "0")

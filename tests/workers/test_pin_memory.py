@@ -1,7 +1,7 @@
 """``pin_memory=True`` on a real accelerator: batches arrive pinned and reach the GPU intact.
 
 Skipped without CUDA (CI has none); run on a GPU machine with
-``python -m pytest tests/test_pin_memory_cuda.py``.
+``python -m pytest tests/workers/test_pin_memory.py``.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from asyncload._workers.reaper import Reaper, StandbyBudget
 
 from .._procs import run_script, script_env
 
-BENCH_CHURN = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_churn.py"
+BENCH_CHURN = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_churn.py"
 
 
 class _Holder:

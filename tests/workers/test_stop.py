@@ -31,7 +31,7 @@ from .._datasets import (
 )
 from .._procs import worker_processes
 
-_SCRIPTS = Path(__file__).parent / "_scripts"  # run as subprocesses
+_SCRIPTS = Path(__file__).resolve().parents[1] / "_scripts"  # run as subprocesses
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 

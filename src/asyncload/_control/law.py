@@ -38,7 +38,7 @@ last decision: at least 16, at most 64, so about one round trip):
   a new controller started from it skips the slow start, and ``merge`` during a pass takes a
   throttle another worker saw as its own and moves halfway to the others' limit.
 
-Figures (``tests/test_concurrency.py``'s stores, simulated, one worker unless said):
+Figures (``tests/control/test_law.py``'s stores, simulated, one worker unless said):
 
 * (a) 50 ms and 0.25 ms of worker CPU per answer (4,000/s from ~200 in flight): 1.000 of the
   best fixed value (256) of a sweep 4-512, p99 69 ms against 55 ms unloaded, limit 256 within

@@ -15,7 +15,7 @@ from ..._datasets import FrozenCount, InitMark, init_marks_worker
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_forkserver_is_the_default_and_fork_on_request() -> None:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-SCRIPTS = Path(__file__).resolve().parent / "_scripts"
+ROOT = Path(__file__).resolve().parents[3]
+SCRIPTS = Path(__file__).resolve().parents[2] / "_scripts"
 ENV_PATH = str(ROOT / "src")
 
 
@@ -138,7 +138,7 @@ def test_a_notebook_class_with_threads_running_is_refused_with_the_fix() -> None
 def test_a_worker_that_cannot_unpickle_its_arguments_says_so(method: str) -> None:
     import asyncload
 
-    from ._guard_datasets import FailsToUnpickle
+    from ..._guard_datasets import FailsToUnpickle
 
     loader = asyncload.DataLoader(
         FailsToUnpickle(), batch_size=2, num_workers=1, multiprocessing_context=method
