@@ -21,6 +21,7 @@ import asyncload
 from asyncload._storage import api as _storage
 from asyncload._storage.backends import pacing as _pacing
 from asyncload._storage.backends import pacing_memory as _memory
+from asyncload._storage.state import current
 
 from .._http_server import ObjectServer
 
@@ -28,6 +29,11 @@ pytestmark = pytest.mark.usefixtures("clean_storage")
 
 N = 32
 LATENCY = 0.5  # long enough that slow-start rounds can't overlap on a busy machine
+
+
+def _hosts() -> _memory.HostMemory:
+    """What this context's storage state knows of its hosts."""
+    return current().hosts
 
 
 def _key(server: ObjectServer) -> str:
@@ -67,14 +73,14 @@ async def test_a_new_host_gets_a_small_burst_then_is_learned(http_server: Object
     urls = [http_server.put(f"{i}.bin", bytes([i]) * 100) for i in range(N)]
     http_server.latency = LATENCY
     _storage.set_pool_size(64)
-    assert _key(http_server) not in _memory.learned()
+    assert _key(http_server) not in _hosts().learned()
     # Within the first round trip only the burst may be waiting for its first response: all of
     # it in a process that shares it with no other.
-    assert _memory.first_burst() == _memory.BURST
+    assert _hosts().first_burst() == _memory.BURST
     assert await _first_round_peak(http_server, urls) == _memory.BURST
     # Later rounds proved more kept-alive connections, which the process now remembers and
     # hands to workers it starts (the storage configuration they receive).
-    proven = _memory.learned()[_key(http_server)]
+    proven = _hosts().learned()[_key(http_server)]
     assert proven > _memory.BURST
     assert (_key(http_server), proven) in _storage.export_config().pacing.connections
 
@@ -102,12 +108,12 @@ async def test_a_trusted_host_gets_what_it_proved_at_once(
 
 @pytest.mark.timeout(10)
 def test_learning_keeps_the_most() -> None:
-    _memory.trust(_memory.PacingMemory((("example.com:443", 7),)))
-    _memory.trust(_memory.PacingMemory((("example.com:443", 3), ("other:80", 0))))
-    assert _memory.learned() == {"example.com:443": 7}
-    assert _memory.snapshot() == _memory.PacingMemory((("example.com:443", 7),))
-    _memory.forget()
-    assert _memory.learned() == {}
+    _hosts().trust(_memory.PacingMemory((("example.com:443", 7),)))
+    _hosts().trust(_memory.PacingMemory((("example.com:443", 3), ("other:80", 0))))
+    assert _hosts().learned() == {"example.com:443": 7}
+    assert _hosts().snapshot() == _memory.PacingMemory((("example.com:443", 7),))
+    _hosts().forget()
+    assert _hosts().learned() == {}
 
 
 @pytest.mark.timeout(60)
@@ -120,7 +126,7 @@ def test_a_pass_teaches_the_next_one(http_server: ObjectServer) -> None:
         asyncload.RemoteFiles(urls), batch_size=16, num_workers=2, collate_fn=list
     )
     assert sum(len(b) for b in loader) == len(urls)
-    assert _memory.learned()[_key(http_server)] > _memory.BURST
+    assert _hosts().learned()[_key(http_server)] > _memory.BURST
 
 
 @pytest.mark.asyncio
@@ -137,11 +143,11 @@ async def test_waiting_requests_take_returned_connections_first_come_first_serve
     http_server.latency = LATENCY
     _storage.configure(http_server.url, hedge=None)  # a hedge would be one more request
     _storage.set_pool_size(64)
-    _memory.share(2)  # one of 2 workers: a burst of 4, so that 40 reads take several rounds
+    _hosts().share(2)  # one of 2 workers: a burst of 4, so that 40 reads take several rounds
     # Rounds of 4 and 16 whatever the spread of the first burst's answers (x7 growth would put
     # 32 in the second round, of which the server may take any 16 first).
     monkeypatch.setattr(_pacing, "QUICK_GROWTH", _pacing.GROWTH)
-    assert _memory.first_burst() == 4
+    assert _hosts().first_burst() == 4
     reads = asyncio.gather(*(asyncload.read(u) for u in urls))
     deadline = time.monotonic() + 10
     while sum(http_server.hits.values()) <= 4:  # the second round has begun
@@ -174,7 +180,7 @@ async def test_a_host_that_answers_its_first_burst_together_grows_faster(
     http_server.latency = LATENCY
     _storage.configure(http_server.url, hedge=None)
     _storage.set_pool_size(64)
-    _memory.share(2)
+    _hosts().share(2)
     http_server.finished = 0
     reads = asyncio.gather(*(asyncload.read(u) for u in urls))
     # The second round lasts until one of its requests is answered (the fifth answer): sampled
@@ -236,7 +242,7 @@ async def test_new_connections_start_a_few_per_turn_of_the_loop(http_server: Obj
     urls = [http_server.put(f"{i}.bin", bytes([i]) * 100) for i in range(48)]
     http_server.latency = 0.05
     key = _key(http_server)
-    _memory.trust(_memory.PacingMemory(((key, 48),)))
+    _hosts().trust(_memory.PacingMemory(((key, 48),)))
     turn = 0
     ticking = True
 
@@ -292,7 +298,7 @@ async def test_a_late_request_gets_its_turn_when_those_let_go_before_it_are_canc
     for i in range(100):
         http_server.put(f"{i}.bin", bytes([i]) * 100)
     http_server.latency = 0.05
-    _memory.trust(
+    _hosts().trust(
         _memory.PacingMemory(((_key(http_server), 64),))
     )  # room for all: the turns are the only limit
     connector = _pacing.PacedConnector(limit=64, burst=4)
@@ -323,7 +329,7 @@ async def test_closing_the_connector_fails_the_requests_that_wait_at_once(
         http_server.put(f"{i}.bin", bytes([i]) * 100)
     http_server.latency = 0.3
     if trusted:  # 40 at once: 8 go, 32 wait for their turns
-        _memory.trust(_memory.PacingMemory(((_key(http_server), 64),)))
+        _hosts().trust(_memory.PacingMemory(((_key(http_server), 64),)))
     # else the slow start's burst (4) goes, 36 wait for room
     opened_after_close = 0
 
@@ -361,7 +367,7 @@ async def test_a_request_cancelled_while_waiting_for_its_turn_gives_it_back(
     urls = [http_server.put(f"{i}.bin", bytes([i]) * 100) for i in range(40)]
     http_server.latency = 0.05
     key = _key(http_server)
-    _memory.trust(_memory.PacingMemory(((key, 40),)))
+    _hosts().trust(_memory.PacingMemory(((key, 40),)))
     connector = _pacing.PacedConnector(limit=64, burst=4)
     async with aiohttp.ClientSession(connector=connector) as session:
         get = functools.partial(_paced_get, session)
@@ -511,13 +517,13 @@ async def test_an_overflowed_accept_queue_caps_the_host_from_then_on(
     assert await _timed_reads([f"{slow_accept.url}/{i}" for i in range(16)]) >= _pacing.SYN_RETRY
     if before is not None:
         assert (_listen_overflows() or 0) > before  # the drops were real
-    cap = _memory.caps()[slow_accept.key]
+    cap = _hosts().caps()[slow_accept.key]
     assert 1 <= cap <= 2  # half of the 3 or 4 under way when a dropped SYN left
     assert (slow_accept.key, cap) in _storage.export_config().pacing.burst_caps
 
     # The next pass's workers trust what the host proved (16 at once), within its cap.
     config = _storage.export_config()
-    _memory.forget()
+    _hosts().forget()
     pacing = dataclasses.replace(config.pacing, connections=((slow_accept.key, 16),))
     _storage.import_config(dataclasses.replace(config, pacing=pacing))
     before = _listen_overflows()
@@ -528,13 +534,13 @@ async def test_an_overflowed_accept_queue_caps_the_host_from_then_on(
 
 @pytest.mark.timeout(10)
 def test_a_host_keeps_its_lowest_cap() -> None:
-    _memory.trust(_memory.PacingMemory((("example.com:443", 40),), (("example.com:443", 8),)))
-    _memory.trust(_memory.PacingMemory(burst_caps=(("example.com:443", 2),)))
-    _memory.trust(_memory.PacingMemory(burst_caps=(("example.com:443", 5), ("other:80", 0))))
-    assert _memory.caps() == {"example.com:443": 2}
-    assert _memory.learned() == {"example.com:443": 40}
-    _memory.forget()
-    assert _memory.caps() == {}
+    _hosts().trust(_memory.PacingMemory((("example.com:443", 40),), (("example.com:443", 8),)))
+    _hosts().trust(_memory.PacingMemory(burst_caps=(("example.com:443", 2),)))
+    _hosts().trust(_memory.PacingMemory(burst_caps=(("example.com:443", 5), ("other:80", 0))))
+    assert _hosts().caps() == {"example.com:443": 2}
+    assert _hosts().learned() == {"example.com:443": 40}
+    _hosts().forget()
+    assert _hosts().caps() == {}
 
 
 @pytest.mark.timeout(90)
@@ -546,8 +552,8 @@ def test_a_pass_that_overflowed_caps_the_next_one(slow_accept: SlowAcceptServer)
         asyncload.RemoteFiles(urls), batch_size=16, num_workers=2, collate_fn=list
     )
     assert [x for batch in loader for x in batch] == [bytes([i]) * 100 for i in range(64)]
-    assert 1 <= _memory.caps()[slow_accept.key] <= 2
-    assert (slow_accept.key, _memory.caps()[slow_accept.key]) in (
+    assert 1 <= _hosts().caps()[slow_accept.key] <= 2
+    assert (slow_accept.key, _hosts().caps()[slow_accept.key]) in (
         _storage.export_config().pacing.burst_caps
     )
 
@@ -579,5 +585,5 @@ async def test_a_host_that_closes_after_each_response_is_never_trusted(tmp_path:
     finally:
         server.shutdown()
         server.server_close()
-    assert key not in _memory.learned()
+    assert key not in _hosts().learned()
     assert key not in dict(_storage.export_config().pacing.connections)

@@ -21,9 +21,9 @@ from .._exceptions import InvalidURL
 from .._stats import loader_stats as _stats
 from . import cache as _cache
 from . import hedge as _hedge
+from . import state as _state
 from . import sync as _sync
 from .backends import base as _base
-from .backends import pacing_memory as _pacing
 from .backends.base import ObjectInfo, StorageOptions, backend_for
 from .backends.pacing_memory import PacingMemory
 from .config import (
@@ -75,7 +75,7 @@ __all__ = [
 def reset() -> None:
     """Forget every configured prefix and cached store (tests)."""
     _install([])
-    _pacing.forget()
+    _state.current().hosts.forget()
     _hedge.reset()
     _cache.reset()
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .cache_reads import Cache
+from .state import current
 
 if TYPE_CHECKING:
     from .backends.base import StorageOptions
@@ -48,13 +49,8 @@ def counts() -> CacheCounts:
         >>> c.hits + c.misses >= 0
         True
     """
-    caches = _caches.values()
+    caches = current().caches.values()
     return CacheCounts(hits=sum(c.hits for c in caches), misses=sum(c.misses for c in caches))
-
-
-# Per process: one Cache per directory, so concurrent misses of an object in the process share
-# one fetch (``_inflight``), and a directory that fails is turned off with one warning.
-_caches: dict[tuple[str, int | None], Cache] = {}
 
 
 def cache_for(url: str, options: StorageOptions) -> Cache | None:
@@ -62,13 +58,16 @@ def cache_for(url: str, options: StorageOptions) -> Cache | None:
     root = options.cache_dir or os.environ.get(ENV_VAR)
     if not root or "://" not in url or url.startswith(("file:", "FILE:")):
         return None
+    # One Cache per directory in the context's storage state, so concurrent misses of an object
+    # share one fetch (``_inflight``), and a directory that fails is turned off with one warning.
+    caches: dict[tuple[str, int | None], Cache] = current().caches
     key = (root, options.cache_max_bytes)
-    cache = _caches.get(key)
+    cache = caches.get(key)
     if cache is None:
-        cache = _caches[key] = Cache(root, options.cache_max_bytes)
+        cache = caches[key] = Cache(root, options.cache_max_bytes)
     return None if cache.off else cache
 
 
 def reset() -> None:
     """Forget every cache object and zero the counters (tests)."""
-    _caches.clear()
+    current().caches.clear()

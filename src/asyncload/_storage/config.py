@@ -1,22 +1,25 @@
 """Per-prefix storage settings: what ``configure`` sets and the storage functions look up.
 
-``options_for`` picks the ``StorageOptions`` of a URL's longest configured prefix. Settings
-given with ``configure`` in the main process reach workers through ``export_config`` /
-``import_config``, which the DataLoader's worker start-up calls. ``asyncload._storage``
-re-exports every public name here.
+``options_for`` picks the ``StorageOptions`` of a URL's longest configured prefix. The settings
+live in the context's ``StorageState`` (``state.py``), with the pool size and what hosts
+proved: ``configure`` in the main process fills the process's, and they reach workers as a
+frozen ``StorageConfig`` through ``export_config`` / ``import_config``, which the DataLoader's
+worker start-up calls. ``asyncload._storage`` re-exports every public name here.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from .backends import base as _base
-from .backends import pacing_memory as _pacing
 from .backends.base import DEFAULT_OPTIONS, StorageOptions
 from .backends.pacing_memory import PacingMemory
+from .state import StorageState, current, process_state, serving
+from .state import set_pool_size as _state_set_pool_size
 
 __all__ = [
     "StorageConfig",
@@ -49,10 +52,6 @@ class StorageConfig:
     """What this process's connections learned of their hosts (``backends.pacing_memory``)."""
 
 
-# Longest prefix first, so the first match is the most specific one. Per process: every read
-# of the process (read(), stream(), any loader) looks its URL up here, and holds no handle
-# that could carry it; a worker gets a copy through export_config / import_config.
-_prefixes: list[tuple[str, StorageOptions]] = []
 # What a storage client reads from the environment when it is built: credentials, endpoints,
 # emulators, CA files and proxies (obstore's own variables, and sources._cloud_config's).
 _CLIENT_ENV = (
@@ -66,9 +65,6 @@ _CLIENT_ENV = (
     "ALL_PROXY",
     "NO_PROXY",
 )
-# Those variables when prewarm() built this process's clients; None once the pass checked.
-# Per process, like the clients it describes (the backends' own, shared by every reader).
-_built_under: dict[str, str] | None = None
 # Configured prefixes whose clients a standby worker builds ahead (each costs 7-17 ms, and a
 # pass whose config arrives meanwhile waits for them).
 _PREWARM_MAX = 8
@@ -87,10 +83,11 @@ def options_for(url: str) -> StorageOptions:
     A URL with credentials in it (``http://user:pw@host:port/...``) also matches a prefix
     configured without them (``http://host:port``).
     """
-    for prefix, options in _prefixes:
+    prefixes = current().prefixes
+    for prefix, options in prefixes:
         if _matches(url, prefix):
             return options
-    if "@" in url and _prefixes:
+    if "@" in url and prefixes:
         bare = _without_userinfo(url)
         if bare != url:
             return options_for(bare)
@@ -149,7 +146,8 @@ def configure(prefix: str, options: StorageOptions | None = None, /, **kwargs: A
     check = getattr(_base._registry.get(_base.split_scheme(prefix)), "check_options", None)
     if check is not None:
         check(prefix, options)
-    _install([(p, o) for p, o in _prefixes if p != prefix] + [(prefix, options)])
+    prefixes = current().prefixes
+    _install([(p, o) for p, o in prefixes if p != prefix] + [(prefix, options)])
 
 
 def configure_all(storage_options: Mapping[str, StorageOptions | Mapping[str, Any]]) -> None:
@@ -169,11 +167,12 @@ def configure_all(storage_options: Mapping[str, StorageOptions | Mapping[str, An
 
 def _install(entries: list[tuple[str, StorageOptions]]) -> None:
     wanted = sorted(entries, key=lambda e: len(e[0]), reverse=True)
-    if dict(wanted) == dict(_prefixes):
+    prefixes = current().prefixes
+    if dict(wanted) == dict(prefixes):
         # The same settings again (a dataset's storage_options, applied at each pass or in
         # each process): keep the clients built for them, their connections and TLS roots.
         return
-    _prefixes[:] = wanted
+    prefixes[:] = wanted  # in place: a loop thread's state shares the list
     _clear_clients()
 
 
@@ -186,11 +185,12 @@ def _clear_clients() -> None:
 
 
 def export_config() -> StorageConfig:
-    """A picklable snapshot of this process's storage settings, for worker start-up."""
+    """A picklable snapshot of this context's storage settings, for worker start-up."""
+    state = current()
     return StorageConfig(
-        prefixes=tuple(_prefixes),
-        pool_size=_base.pool_size(),
-        pacing=_pacing.snapshot(),
+        prefixes=tuple(state.prefixes),
+        pool_size=state.pool_size,
+        pacing=state.hosts.snapshot(),
     )
 
 
@@ -207,11 +207,12 @@ def import_config(
     if not isinstance(snapshot, StorageConfig):
         raise TypeError(f"expected a StorageConfig from export_config(), got {type(snapshot)!r}")
     pool = snapshot.pool_size if pool_size is None else pool_size
-    _pacing.trust(snapshot.pacing)
+    state = process_state()
+    state.hosts.trust(snapshot.pacing)
     if sharers is not None:
-        _pacing.share(sharers)
-    if pool != _base.pool_size():
-        _base.set_pool_size(pool)
+        state.hosts.share(sharers)
+    if pool != state.pool_size:
+        state.pool_size = pool
         _clear_clients()  # their pools were sized for the old one
     _install(list(snapshot.prefixes))
 
@@ -225,10 +226,10 @@ def prewarm(snapshot: StorageConfig, pool_size: int) -> None:
     credentials and endpoints from the environment too: ``forget_stale_clients`` drops what
     was built here if the pass's environment turns out to set them otherwise.
     """
-    global _built_under
     import_config(snapshot, pool_size=pool_size)
-    _built_under = _client_environ()
-    for prefix, options in _prefixes[:_PREWARM_MAX]:
+    state = process_state()
+    state.built_under = _client_environ()
+    for prefix, options in state.prefixes[:_PREWARM_MAX]:
         try:
             warm = getattr(_base.backend_for(prefix), "prewarm", None)
             if warm is not None:
@@ -241,10 +242,10 @@ def forget_stale_clients() -> None:
     """Drop the clients ``prewarm`` built if the variables they read have changed since (in
     the pass's environment, installed when its config came, or by a ``worker_init_fn``):
     they are rebuilt on first use, with what the environment says now."""
-    global _built_under
-    if _built_under is not None and _built_under != _client_environ():
+    state = process_state()
+    if state.built_under is not None and state.built_under != _client_environ():
         _clear_clients()
-    _built_under = None
+    state.built_under = None
 
 
 def _client_environ() -> dict[str, str]:
@@ -253,24 +254,30 @@ def _client_environ() -> dict[str, str]:
 
 def pacing_snapshot() -> PacingMemory:
     """What this process learned of its hosts' connections, to send to the main process."""
-    return _pacing.snapshot()
+    return process_state().hosts.snapshot()
 
 
 def learn_pacing(memory: PacingMemory) -> None:
     """Take what a worker learned of its hosts (its ``pacing_snapshot``), so the next pass's
     workers start with it (see ``backends.pacing_memory``)."""
-    _pacing.trust(memory)
+    process_state().hosts.trust(memory)
 
 
 def set_pool_size(n: int) -> None:
     """Connections per host that clients created from now on may keep (the loader's
     ``max_concurrency``)."""
-    _base.set_pool_size(n)
+    _state_set_pool_size(n)
 
 
 def pool_size() -> int:
     """The connection-pool size clients are created with (in this context)."""
-    return _base.pool_size()
+    return current().pool_size
 
 
-pool_size_here = _base.pool_size_here
+@contextlib.contextmanager
+def pool_size_here(n: int) -> Iterator[None]:
+    """Storage calls of this thread, and of the tasks and loops it starts, build clients with
+    pools of *n* connections: a state of their own that shares the process's knowledge (a
+    loader's loop thread, ``num_workers=0``). The process's pool size is left as it is."""
+    with serving(StorageState(pool_size=n, shared=process_state())):
+        yield

@@ -16,10 +16,9 @@ Adding a scheme is one small module::
 from __future__ import annotations
 
 import abc
-import contextlib
 import contextvars
 import re
-from collections.abc import AsyncGenerator, Iterator, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote, urlsplit
@@ -35,10 +34,7 @@ __all__ = [
     "StorageOptions",
     "backend_for",
     "encode_url",
-    "hedge_pool_size",
     "hedging",
-    "pool_size",
-    "pool_size_here",
     "register",
     "registered_schemes",
     "split_scheme",
@@ -240,54 +236,10 @@ class Backend(abc.ABC):
 # process shares its clients; a worker rebuilds it by importing the modules that register.
 _registry: dict[str, Backend] = {}
 
-# Connections a lazily created client may keep (all hosts together: aiohttp's ``limit``).
-# Per process, like the clients (one per event loop, shared by every reader on it); a worker
-# process gets its loader's through import_config, a loop thread ``pool_size_here``.
-_pool_size = [64]
-
 # True in the task of a hedge (_hedge). A backend whose connection pool is a Python queue
 # (aiohttp's) sends hedges on connections of their own: a hedge is sent when its primary's pool
 # is busiest, and one waiting in that pool's queue would wait as long as its straggler.
 hedging: contextvars.ContextVar[bool] = contextvars.ContextVar("asyncload_hedging", default=False)
-
-
-# The pool size for clients built in this context, when it is not the process's: a loader
-# whose engine runs on a loop of this process (num_workers=0) sizes its loop's clients for
-# its own requests in flight without changing what every other reader of the process gets.
-_pool_here: contextvars.ContextVar[int | None] = contextvars.ContextVar(
-    "asyncload_pool_size", default=None
-)
-
-
-def hedge_pool_size() -> int:
-    """Connections for hedges (see ``hedging``), all hosts together: room for a burst of the
-    10 hedges a prefix may save up (``_hedge._MAX_TOKENS``) and then some."""
-    return max(16, pool_size() // 8)
-
-
-def pool_size() -> int:
-    """The connection-pool size new clients are created with (in this context)."""
-    here = _pool_here.get()
-    return _pool_size[0] if here is None else here
-
-
-@contextlib.contextmanager
-def pool_size_here(n: int) -> Iterator[None]:
-    """Clients built inside (by this thread's code, and the tasks and loops it starts) get
-    pools of *n* connections; the process's size is left as it is."""
-    if n < 1:
-        raise ValueError(f"pool size must be at least 1, got {n}")
-    token = _pool_here.set(n)
-    try:
-        yield
-    finally:
-        _pool_here.reset(token)
-
-
-def set_pool_size(n: int) -> None:
-    if n < 1:
-        raise ValueError(f"pool size must be at least 1, got {n}")
-    _pool_size[0] = n
 
 
 def register(scheme: str, backend: Backend) -> None:

@@ -25,15 +25,14 @@ from yarl import URL
 
 from ..._exceptions import InvalidURL, RedirectError
 from ..retry import AttemptFailed
+from ..state import hedge_pool_size, pool_size
 from .base import (
     Backend,
     ObjectInfo,
     Resume,
     StorageOptions,
     encode_url,
-    hedge_pool_size,
     hedging,
-    pool_size,
     register,
 )
 from .http_errors import (

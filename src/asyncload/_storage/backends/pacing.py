@@ -42,8 +42,8 @@ from typing import Any
 
 import aiohttp
 
-from . import pacing_memory as _memory
-from .pacing_memory import first_burst
+from ..state import current
+from .pacing_memory import HostMemory
 
 __all__ = [
     "GROWTH",
@@ -95,6 +95,7 @@ class _Host:
         "firsts",
         "kept",
         "key",
+        "memory",
         "most",
         "pending",
         "proven",
@@ -105,8 +106,11 @@ class _Host:
         "woken",
     )
 
-    def __init__(self, key: str) -> None:
+    def __init__(self, key: str, memory: HostMemory | None = None) -> None:
         self.key = key
+        # What the connector's storage context knows of the host (pacing_memory): read at the
+        # start, told what this connector proves.
+        self.memory = current().hosts if memory is None else memory
         self.pending = 0  # connects under way, not yet a protocol
         # unproven connection -> its grace timer, and when its connect started
         self.unproven: dict[Any, tuple[asyncio.TimerHandle, float]] = {}
@@ -117,7 +121,7 @@ class _Host:
         self.proven: set[Any] = set()
         self.kept: set[Any] = set()  # connections that went back to the pool after a response
         self.most = 0  # the most of those held at once
-        self.trusted = min(_memory.proven(key), TRUSTED_BURST)
+        self.trusted = min(self.memory.proven(key), TRUSTED_BURST)
         self.waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self.woken = 0  # waiters told to go that have not run yet: they keep their turn
 
@@ -131,7 +135,7 @@ class _Host:
         kept = sum(1 for p in self.proven if not p.should_close)
         growth = QUICK_GROWTH if self.quick else GROWTH
         limit = max(burst + growth * kept, self.trusted)
-        cap = _memory.cap(self.key)  # the process's: a hedge session's overflow counts too
+        cap = self.memory.cap(self.key)  # the context's: a hedge session's overflow counts too
         return limit if cap is None else min(limit, cap)
 
     def room(self, burst: int) -> int:
@@ -149,7 +153,7 @@ class _Host:
             self.kept = {p for p in self.kept if p.is_connected()}
             if len(self.kept) > self.most:
                 self.most = len(self.kept)
-                _memory.remember_proven(self.key, self.most)
+                self.memory.remember_proven(self.key, self.most)
 
     def answered(self, latency: float | None, burst: int) -> None:
         """A new connection got its first response *latency* seconds after its connect began
@@ -169,9 +173,9 @@ class _Host:
         """A connect waited for a SYN retry while *under_way* new connections were (itself
         included; see module doc): cap the new connections in flight at half that."""
         cap = max(1, under_way // 2)
-        known = _memory.cap(self.key)
+        known = self.memory.cap(self.key)
         if known is None or cap < known:
-            _memory.remember_cap(self.key, cap)
+            self.memory.remember_cap(self.key, cap)
 
     def wake(self, n: int) -> None:
         """Let the first *n* waiters go, in the order they came."""
@@ -201,7 +205,8 @@ class PacedConnector(aiohttp.TCPConnector):
         self, *args: Any, burst: int | None = None, grace: float = GRACE, **kwargs: Any
     ) -> None:
         super().__init__(*args, **kwargs)
-        self._pace_burst = first_burst() if burst is None else burst
+        self._pace_memory = current().hosts
+        self._pace_burst = self._pace_memory.first_burst() if burst is None else burst
         self._pace_grace = grace
         self._pace_hosts: dict[tuple[str, int | None], _Host] = {}
         # unproven protocol -> its host and connection key
@@ -214,7 +219,8 @@ class PacedConnector(aiohttp.TCPConnector):
     def _pace_host(self, host_name: str, port: int | None) -> _Host:
         host = self._pace_hosts.get((host_name, port))
         if host is None:
-            host = self._pace_hosts[host_name, port] = _Host(f"{host_name}:{port}")
+            key = f"{host_name}:{port}"
+            host = self._pace_hosts[host_name, port] = _Host(key, self._pace_memory)
         return host
 
     def _pace_can_go(self, key: Any, host: _Host) -> bool:

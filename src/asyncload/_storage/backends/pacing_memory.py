@@ -20,22 +20,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-__all__ = [
-    "BURST",
-    "MIN_BURST",
-    "PacingMemory",
-    "cap",
-    "caps",
-    "first_burst",
-    "forget",
-    "learned",
-    "proven",
-    "remember_cap",
-    "remember_proven",
-    "share",
-    "snapshot",
-    "trust",
-]
+__all__ = ["BURST", "MIN_BURST", "HostMemory", "PacingMemory"]
 
 # New connections per host that may await their first response at once, for all the processes
 # of a loader together: each of its n workers gets BURST // n (``share``), MIN_BURST at least.
@@ -61,64 +46,84 @@ class PacingMemory:
     overflowed."""
 
 
-# host:port -> the most kept-alive connections it held at once for one process. Per process:
-# every connector of the process starts from what any of them proved, and export_config sends
-# it to the next pass's workers.
-_learned: dict[str, int] = {}
-# host:port -> the most new connections it may have in flight at once, after an overflow.
-# Per process: the host's accept queue is one, so an overflow seen by any connector (a hedge
-# session's too) caps them all.
-_caps: dict[str, int] = {}
-# The processes reading the same hosts that this one shares BURST with (a loader's workers).
-# Per process: import_config sets it when the worker starts, and the connectors the backends
-# build later, lazily, have no loader to ask.
-_sharers = 1
+class HostMemory:
+    """What one storage context learned of its hosts' connections (see module doc).
 
+    Every connector of the context (a hedge session's too) starts a host from it: the most
+    kept-alive connections any of them saw the host hold, the smallest cap any set for it after
+    an overflow (the host's accept queue is one), and this process's share of ``BURST``.
 
-def share(n: int) -> None:
-    """This process is one of *n* (a loader's workers) that read the same hosts: connectors
-    made from now on start new hosts with its share of ``BURST``."""
-    global _sharers
-    _sharers = max(1, n)
+    Examples:
+        >>> hosts = HostMemory()
+        >>> hosts.remember_proven("example.com:443", 40)
+        >>> hosts.proven("example.com:443"), hosts.cap("example.com:443")
+        (40, None)
+        >>> hosts.snapshot()
+        PacingMemory(connections=(('example.com:443', 40),), burst_caps=())
+    """
 
+    __slots__ = ("_caps", "_learned", "_sharers")
 
-def first_burst() -> int:
-    """New connections a new host may have awaiting their first response at once, in this
-    process (its share of ``BURST``)."""
-    return max(MIN_BURST, BURST // _sharers)
+    def __init__(self) -> None:
+        self._learned: dict[str, int] = {}  # host:port -> most kept-alive connections at once
+        self._caps: dict[str, int] = {}  # host:port -> most new connections in flight
+        # The processes reading the same hosts that this one shares BURST with (a loader's
+        # workers): connectors are built lazily, later, with no loader to ask.
+        self._sharers = 1
 
+    def share(self, n: int) -> None:
+        """This process is one of *n* (a loader's workers) that read the same hosts: connectors
+        made from now on start new hosts with its share of ``BURST``."""
+        self._sharers = max(1, n)
 
-def learned() -> dict[str, int]:
-    """Connections per ``host:port`` that hosts have proven to take (this process's knowledge)."""
-    return dict(_learned)
+    def first_burst(self) -> int:
+        """New connections a new host may have awaiting their first response at once, in this
+        process (its share of ``BURST``)."""
+        return max(MIN_BURST, BURST // self._sharers)
 
+    def learned(self) -> dict[str, int]:
+        """Connections per ``host:port`` that hosts have proven to take."""
+        return dict(self._learned)
 
-def caps() -> dict[str, int]:
-    """New connections in flight per ``host:port``, at most, for hosts whose accept queue
-    overflowed (this process's knowledge)."""
-    return dict(_caps)
+    def caps(self) -> dict[str, int]:
+        """New connections in flight per ``host:port``, at most, for hosts whose accept queue
+        overflowed."""
+        return dict(self._caps)
 
+    def snapshot(self) -> PacingMemory:
+        """This knowledge, as a value to send to another process."""
+        return PacingMemory(tuple(self._learned.items()), tuple(self._caps.items()))
 
-def snapshot() -> PacingMemory:
-    """This process's knowledge, as a value to send to another process."""
-    return PacingMemory(tuple(_learned.items()), tuple(_caps.items()))
+    def trust(self, memory: PacingMemory) -> None:
+        """Add what another process learned (its ``snapshot``): new connectors start a host
+        from the most connections any process saw it hold, and the smallest cap any set."""
+        for key, n in memory.connections:
+            _remember(self._learned, key, n, max)
+        for key, n in memory.burst_caps:
+            _remember(self._caps, key, n, min)
 
+    def forget(self) -> None:
+        """Forget every host's proven connections and caps, and the processes sharing."""
+        self._learned.clear()
+        self._caps.clear()
+        self._sharers = 1
 
-def trust(memory: PacingMemory) -> None:
-    """Add what another process learned (its ``snapshot``): new connectors start a host from
-    the most connections any process saw it hold, and the smallest cap any set for it."""
-    for key, n in memory.connections:
-        _remember(_learned, key, n, max)
-    for key, n in memory.burst_caps:
-        _remember(_caps, key, n, min)
+    def proven(self, key: str) -> int:
+        """Connections that ``host:port`` *key* has proven to take (0: none yet)."""
+        return self._learned.get(key, 0)
 
+    def cap(self, key: str) -> int | None:
+        """New connections in flight that *key* may have at once, if its accept queue
+        overflowed."""
+        return self._caps.get(key)
 
-def forget() -> None:
-    """Forget every host's proven connections and caps, and the processes sharing (tests)."""
-    global _sharers
-    _learned.clear()
-    _caps.clear()
-    _sharers = 1
+    def remember_proven(self, key: str, n: int) -> None:
+        """*key* held *n* kept-alive connections at once: remember it, if more than before."""
+        _remember(self._learned, key, n, max)
+
+    def remember_cap(self, key: str, n: int) -> None:
+        """*key* overflowed: cap its new connections in flight at *n*, if fewer than before."""
+        _remember(self._caps, key, n, min)
 
 
 def _remember(known: dict[str, int], key: str, n: int, keep: Callable[[int, int], int]) -> None:
@@ -130,23 +135,3 @@ def _remember(known: dict[str, int], key: str, n: int, keep: Callable[[int, int]
         if len(known) >= _MAX_HOSTS and old is None:
             known.clear()
         known[key] = n
-
-
-def proven(key: str) -> int:
-    """Connections that ``host:port`` *key* has proven to take (0: none yet)."""
-    return _learned.get(key, 0)
-
-
-def cap(key: str) -> int | None:
-    """New connections in flight that *key* may have at once, if its accept queue overflowed."""
-    return _caps.get(key)
-
-
-def remember_proven(key: str, n: int) -> None:
-    """*key* held *n* kept-alive connections at once: remember it, if more than before."""
-    _remember(_learned, key, n, max)
-
-
-def remember_cap(key: str, n: int) -> None:
-    """*key* overflowed: cap its new connections in flight at *n*, if fewer than before."""
-    _remember(_caps, key, n, min)

@@ -32,7 +32,8 @@ from ..._exceptions import (
     StorageError,
 )
 from ..retry import AttemptFailed
-from .base import DEFAULT_OPTIONS, Backend, ObjectInfo, Resume, StorageOptions, pool_size, register
+from ..state import pool_size
+from .base import DEFAULT_OPTIONS, Backend, ObjectInfo, Resume, StorageOptions, register
 from .cloud import check_options, store_config, unmatched_refusal
 
 __all__ = ["ObjectStoreBackend", "map_error", "split_bucket"]

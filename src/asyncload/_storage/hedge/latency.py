@@ -10,6 +10,8 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+from ..state import current
+
 if TYPE_CHECKING:
     from ..backends.base import StorageOptions
     from ..retry import Hedge
@@ -93,24 +95,23 @@ class _Prefix:
         return True
 
 
-# Per process: every read of a prefix in the process (any loader, read_sync, own coroutines)
-# feeds and spends one tracker, since the latency and the hedge budget are the store's.
-_prefixes: dict[tuple[int, str], _Prefix] = {}
-
-
 def prefix_of(url: str, options: StorageOptions) -> _Prefix:
+    """The tracker of *url*'s prefix in this context's storage state: every read of a prefix
+    in the context (any loader, ``read_sync``, your own coroutines) feeds and spends one, since
+    the latency and the hedge budget are the store's."""
     # One tracker per configured prefix (its options object) and origin (scheme://host/ or
     # bucket): the default options serve every unconfigured host, whose latencies differ.
     slash = url.find("/", url.find("://") + 3)
     key = (id(options), url if slash < 0 else url[:slash])
-    tracker = _prefixes.get(key)
+    trackers: dict[tuple[int, str], _Prefix] = current().hedges
+    tracker = trackers.get(key)
     if tracker is None or tracker.options is not options:
-        if len(_prefixes) >= _MAX_PREFIXES:
-            _prefixes.clear()
-        tracker = _prefixes[key] = _Prefix(options)
+        if len(trackers) >= _MAX_PREFIXES:
+            trackers.clear()
+        tracker = trackers[key] = _Prefix(options)
     return tracker
 
 
 def forget() -> None:
     """Forget every prefix's latencies and tokens."""
-    _prefixes.clear()
+    current().hedges.clear()
