@@ -32,7 +32,7 @@ from ..._exceptions import (
     StorageError,
 )
 from ..retry import AttemptFailed
-from ..state import pool_size
+from ..state import current, pool_size
 from .base import DEFAULT_OPTIONS, Backend, ObjectInfo, Resume, StorageOptions, register
 from .cloud import check_options, store_config, unmatched_refusal
 
@@ -196,9 +196,8 @@ class ObjectStoreBackend(Backend):
         entry = self._stores.get(key)
         if entry is None:
             if options is DEFAULT_OPTIONS:
-                from .. import api as _storage  # configured prefixes; imported late (it imports us)
-
-                refusal = unmatched_refusal(scheme, bucket, _storage.export_config().prefixes)
+                # The context's configured prefixes (the storage state, not the API above us).
+                refusal = unmatched_refusal(scheme, bucket, tuple(current().prefixes))
                 if refusal:
                     raise AttemptFailed(InvalidURL, refusal)
             entry = self._stores[key] = (options, _build_store(scheme, bucket, options))
