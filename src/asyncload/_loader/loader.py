@@ -22,6 +22,7 @@ import torch
 import torch.utils.data
 
 from .._checkpoint.shape import LoaderShape
+from .._control import LimitState
 from .._dataset import sample_errors as _budget
 from .._dataset import sharding as _sharding
 from .._engine.options import WorkerOptions
@@ -203,7 +204,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
         )
         self._tally: _stats.Tally | None = None
         # Where the last pass's workers' adaptive limits got to (the next pass starts there).
-        self._learned: dict[int, Any] = {}
+        self._learned: dict[int, LimitState] = {}
         self._persistent_pass: Pass | None = None
         self._live_pass: weakref.ref[Pass] | None = None
         # Epochs and a loaded checkpoint's resume, as one value replaced whole (_loader/state).

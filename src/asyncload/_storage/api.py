@@ -28,7 +28,7 @@ from .backends.base import ObjectInfo, StorageOptions, backend_for
 from .backends.pacing_memory import PacingMemory
 from .config import (
     StorageConfig,
-    _install,
+    _clear_clients,
     configure,
     configure_all,
     export_config,
@@ -73,11 +73,11 @@ __all__ = [
 
 
 def reset() -> None:
-    """Forget every configured prefix and cached store (tests)."""
-    _install([])
-    _state.current().hosts.forget()
+    """Forget every configured prefix, what hosts proved, the hedge trackers and counts, the
+    caches, and every client (tests)."""
+    _state.current().forget()
+    _clear_clients()
     _hedge.reset()
-    _cache.reset()
 
 
 async def aclose() -> None:

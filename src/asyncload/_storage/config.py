@@ -18,8 +18,7 @@ from typing import Any
 from .backends import base as _base
 from .backends.base import DEFAULT_OPTIONS, StorageOptions
 from .backends.pacing_memory import PacingMemory
-from .state import StorageState, current, process_state, serving
-from .state import set_pool_size as _state_set_pool_size
+from .state import StorageState, current, pool_size, process_state, serving, set_pool_size
 
 __all__ = [
     "StorageConfig",
@@ -261,17 +260,6 @@ def learn_pacing(memory: PacingMemory) -> None:
     """Take what a worker learned of its hosts (its ``pacing_snapshot``), so the next pass's
     workers start with it (see ``backends.pacing_memory``)."""
     process_state().hosts.trust(memory)
-
-
-def set_pool_size(n: int) -> None:
-    """Connections per host that clients created from now on may keep (the loader's
-    ``max_concurrency``)."""
-    _state_set_pool_size(n)
-
-
-def pool_size() -> int:
-    """The connection-pool size clients are created with (in this context)."""
-    return current().pool_size
 
 
 @contextlib.contextmanager

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from ..backends.base import StorageOptions
     from ..retry import Hedge
 
-__all__ = ["forget", "prefix_of"]  # and _Prefix, for the package
+__all__ = ["prefix_of"]  # and _Prefix, for the package
 
 # Latencies kept per prefix, and how often the percentile is recomputed from them: a sort of
 # 512 floats every 64 requests is well under a microsecond per request.
@@ -110,8 +110,3 @@ def prefix_of(url: str, options: StorageOptions) -> _Prefix:
             trackers.clear()
         tracker = trackers[key] = _Prefix(options)
     return tracker
-
-
-def forget() -> None:
-    """Forget every prefix's latencies and tokens."""
-    current().hedges.clear()
