@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from typing import Any
 
 import pytest
 
@@ -263,6 +264,76 @@ def test_a_peers_throttle_cuts_once() -> None:
     assert c.limit == 80
     c.merge(LimitState(limit=100.0, throttled_at=1.0), now=1.2)  # the same throttle again
     assert c.limit == 90  # moved halfway to the peer's limit, not cut
+
+
+def test_a_peers_throttle_within_a_round_trip_of_our_own_cut_is_the_same_overload() -> None:
+    c = _auto(learned=LimitState(limit=100.0, base_latency=0.05))
+    for t in (0.0, 0.05):  # round trips at 50 ms: the smoothed latency
+        for _ in range(64):
+            c.started(t)
+        for _ in range(64):
+            c.finished(t + 0.05, Outcome.OK, latency=0.05)
+    c.started(1.0)
+    c.finished(1.01, Outcome.THROTTLED, latency=0.01)  # our own cut, at 1.01
+    cut = c.limit
+    c.merge(LimitState(limit=float(cut), throttled_at=1.03), now=1.05)  # 20 ms later
+    assert c.limit == cut
+    c.merge(LimitState(limit=float(cut), throttled_at=1.2), now=1.25)  # a round trip later
+    assert c.limit < cut
+
+
+def test_a_peers_unloaded_latency_is_taken_only_when_far_below_ours() -> None:
+    c = _auto(learned=LimitState(limit=64.0, base_latency=0.05))
+    c.merge(LimitState(limit=64.0, base_latency=0.045, base_at=1.0), now=1.0)  # noise
+    assert c.export().base_latency == 0.05
+    c.merge(LimitState(limit=64.0, base_latency=0.02, base_at=1.0), now=1.0)  # a probe's
+    assert c.export().base_latency == 0.02
+    assert c.export().base_at == 1.0
+    # Measured longer ago than the window the peer itself remembers: forgotten, not news.
+    d = LimitController(learned=LimitState(limit=64.0, base_latency=0.05), now=30.0)
+    d.merge(LimitState(limit=64.0, base_latency=0.02, base_at=5.0), now=30.0)
+    assert d.export().base_latency == 0.05
+
+
+class ColdStart:
+    """A store whose first requests each wait *extra* seconds before they reach it, but for
+    the first *free* of every *pool*: a pass's new connections, opened a few at a time by each
+    worker's pool (``_storage/backends/pacing.py``). The simulated workers send their first
+    round trips one worker after the other, *pool* requests each."""
+
+    def __init__(self, store: Queue, extra: float, pools: int, pool: int, free: int = 8) -> None:
+        self.store, self.extra, self.pool, self.free = store, extra, pool, free
+        self.sent, self.cold = 0, pools * pool
+
+    def request(self, sim: Sim, answer: Any) -> None:
+        k, self.sent = self.sent, self.sent + 1
+        if k < self.cold and k % self.pool >= self.free:
+            sim.after(self.extra, lambda: self.store.request(sim, answer))
+        else:
+            self.store.request(sim, answer)
+
+
+@pytest.mark.parametrize("rise", [1.5, 1e9])
+def test_slow_start_ends_at_the_first_doubling_that_bought_a_queue(rise: float) -> None:
+    # Two workers start at 32 each on a store that serves 8 at once for 5 ms after 20 ms (knee
+    # ~40 in flight), and the pass's first requests wait 40 ms for their connections: the
+    # first round trip's median looks as slow as the queue that doubling makes, but its
+    # fastest answers found the store idle. With the rule, slow start ends at the first
+    # doubling, which made the fastest answers wait in line, and goes back; without it
+    # (rise=1e9), the doubling looks free and slow start doubles again, into the queue.
+    workers = [_auto(config=ControlConfig(initial=32, rise=rise)) for _ in range(2)]
+    simulate(ColdStart(Queue(8, 0.005, 0.020), 0.04, pools=2, pool=32), workers, 2.0)
+    peaks = [w.stats().peak_in_flight for w in workers]
+    if rise < 1e9:
+        assert max(peaks) <= 64, peaks
+    else:
+        assert max(peaks) >= 128, peaks
+
+
+def test_slow_start_goes_on_where_latency_does_not_rise() -> None:
+    c = _auto(config=ControlConfig(initial=32))
+    simulate(FixedLatency(0.05, jitter=0.2), [c], 1.0)
+    assert c.stats().peak_in_flight >= 512, c.stats()
 
 
 # ── (f) an explicit cap ──────────────────────────────────────────────────────────────────────

@@ -27,9 +27,17 @@ from asyncload._engine.slots import (
     initial_limit,
     most_in_flight,
 )
-from asyncload._protocol.messages import IndexTask, PassStarted, Result, Shutdown
+from asyncload._protocol.messages import (
+    PEERS_EVERY,
+    IndexTask,
+    PassStarted,
+    Peers,
+    Result,
+    Shutdown,
+)
 from asyncload._stats import recorder as _metrics
 from asyncload._storage.retry import retrying
+from asyncload._workers.processes import ProcessWorkers
 from asyncload.sources import AttemptFailed
 
 from .._datasets import worker_config
@@ -213,6 +221,58 @@ def test_an_engine_starts_where_it_was_told_the_last_pass_got_to() -> None:
     first = next(r.stats for r in results if r.stats is not None)
     assert first.limit == 100  # no slow start from 8
     assert any(isinstance(r.limit, LimitState) for r in results if r.stats is not None)
+
+
+@pytest.mark.timeout(30)
+def test_an_engine_takes_in_what_its_peers_learned() -> None:
+    # Another worker of the loader met a throttle (a Peers message from the main process):
+    # this engine's limit is cut at once, as if it had met it, and a peer's limit pulls it
+    # halfway there.
+    async def main() -> tuple[int, int, int]:
+        cfg = dataclasses.replace(
+            _config(Store(10), None), learned_limit=LimitState(limit=100.0, base_latency=0.05)
+        )
+        engine = Engine(cfg, lambda _: None, "in a test engine")
+        inbox: asyncio.Queue[object] = asyncio.Queue()
+        runner = asyncio.ensure_future(engine.run(inbox))
+        before = engine._sem.limit
+        inbox.put_nowait(Peers(LimitState(limit=100.0, throttled_at=time.monotonic())))
+        await asyncio.sleep(0.01)
+        cut = engine._sem.limit
+        inbox.put_nowait(Peers(LimitState(limit=40.0)))
+        await asyncio.sleep(0.01)
+        pulled = engine._sem.limit
+        inbox.put_nowait(Shutdown())
+        await asyncio.wait_for(runner, 5)
+        return before, cut, pulled
+
+    before, cut, pulled = asyncio.run(main())
+    assert (before, cut, pulled) == (100, 80, 60)
+
+
+@pytest.mark.timeout(120)
+def test_the_workers_of_a_pass_hear_what_the_others_learned(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The main process passes each worker's adaptive limit on to the others during the pass,
+    # on a side channel: tasks are no carrier, since the look-ahead may have sent them all.
+    sent: list[tuple[int, Peers]] = []
+    real_send = ProcessWorkers.send
+
+    def send(self: ProcessWorkers, worker_id: int, msg: object) -> None:
+        if isinstance(msg, Peers):
+            sent.append((worker_id, msg))
+        real_send(self, worker_id, msg)
+
+    monkeypatch.setattr(ProcessWorkers, "send", send)
+    loader = asyncload.DataLoader(
+        Store(3000, latency=0.02), batch_size=8, num_workers=2, collate_fn=list
+    )
+    assert sum(len(b) for b in loader) == 3000
+    assert {w for w, _ in sent} == {0, 1}, sent
+    assert all(m.state.workers == 1 and m.state.limit >= 1 for _, m in sent)
+    # At most one message per worker per PEERS_EVERY seconds (and the pass lasted < 5 s).
+    assert len(sent) <= 2 * (5 / PEERS_EVERY + 1), len(sent)
 
 
 @pytest.mark.timeout(120)

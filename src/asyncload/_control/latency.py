@@ -50,9 +50,17 @@ class BaseLatency:
         """The unloaded latency (the least median remembered), seconds; ``None`` if unknown."""
         return self._medians[0][1] if self._medians else None
 
+    @property
+    def base_at(self) -> float | None:
+        """When ``base`` was measured; ``None`` if unknown."""
+        return self._medians[0][0] if self._medians else None
+
     def note(self, now: float, median: float, answers: int) -> None:
-        """A median of *answers* answers at *now*: an epoch's, or one another controller saw."""
+        """A median of *answers* answers at *now*: an epoch's, or one another controller saw
+        (then *now* is when it saw it, and a median older than the window is not taken)."""
         window = self._medians
+        if window and now < window[-1][0] - self.window:
+            return
         while window and window[-1][1] >= median:
             window.pop()
         window.append((now, median, answers))

@@ -8,7 +8,11 @@ limit is found per worker and per prefix, from what the answers say.
 The control law (``LimitController``), once per epoch (the answers to requests sent since the
 last decision: at least 16, at most 64, so about one round trip):
 
-* **Slow start.** From ``initial`` (8), double per epoch while nothing pushes back.
+* **Slow start.** From ``initial`` (8), double per epoch while nothing pushes back. An epoch
+  whose fastest answer took ``rise`` (1.5) times the last epoch's fastest ends it and takes
+  the last doubling back (HyStart++'s delay rule): fastest against fastest compares like with
+  like, and a pass's first answers find the store idle even where the pass's new connections
+  (opened a few at a time) make its first median as slow as a queue would.
 * **Latency, as TCP Vegas.** The epoch's median latency over the unloaded one (the least epoch
   median of the last 10 s) gives our requests waiting, ``queued = limit * (1 - base/median)``.
   Over ``high`` (1.4) with more than 4 waiting: latency rose without goodput (by Little's law
@@ -33,10 +37,13 @@ last decision: at least 16, at most 64, so about one round trip):
   the CPU lane reports that it is the bottleneck (``cpu_bound``), the limit shrinks by 10% per
   epoch and does not grow. Other failures (500s, resets, timeouts) neither count as goodput nor
   cut, and their latencies are not samples.
-* **Sharing.** ``export`` gives a frozen ``LimitState`` (limit, unloaded latency, throttled
-  limit and when); ``LimitState.combine`` merges the workers' states in the main process;
-  a new controller started from it skips the slow start, and ``merge`` during a pass takes a
-  throttle another worker saw as its own and moves halfway to the others' limit.
+* **Sharing.** ``export`` gives a frozen ``LimitState`` (limit, unloaded latency and when it
+  was measured, throttled limit and when); ``LimitState.combine`` merges the workers' states
+  in the main process; a new controller started from it skips the slow start, and ``merge``
+  during a pass (the main process sends each worker the others' states, ``Peers``) takes a
+  throttle another worker saw more than a round trip after its own last cut as its own,
+  an unloaded latency far below its own (a probe's, where its own was taken under load), and
+  moves halfway to the others' limit.
 
 What it reaches on simulated stores (a constant latency with a CPU-bound client, token
 buckets, servers behind a line, a throttled burst, workers sharing, a change of rate, a pass
@@ -140,6 +147,10 @@ class LimitController:
         self._epoch_peak = 0
         self._epoch_start = now
         self._epoch_latencies: list[float] = []
+        # Slow start's delay rule (ControlConfig.rise): the fastest answer of this epoch and
+        # of the last one.
+        self._epoch_fastest = math.inf
+        self._last_fastest: float | None = None
         self._requests = self._throttled = self._failed = self._cuts = self._backoffs = 0
         if learned is not None:
             self._adopt(learned, now)
@@ -196,6 +207,15 @@ class LimitController:
             return
         self._epoch_latencies.append(latency)
         cfg = self.config
+        if self._slow_start and self._probe_return is None:
+            self._epoch_fastest = min(self._epoch_fastest, latency)
+            if (
+                self._last_fastest is not None
+                and len(self._epoch_latencies) >= cfg.rise_samples
+                and self._epoch_fastest > cfg.rise * self._last_fastest
+            ):
+                self._rose(now)
+                return
         if self._probe_return is not None:
             needed = cfg.probe_limit  # one round trip at the probe's load
         else:
@@ -232,6 +252,7 @@ class LimitController:
             base_latency=self._latency.base,
             ceiling=self._ceiling,
             throttled_at=self._throttled_at,
+            base_at=self._latency.base_at,
         )
 
     def merge(self, state: LimitState, now: float) -> None:
@@ -241,9 +262,21 @@ class LimitController:
         yet is this one's too: cut. Otherwise move halfway to their limit, so that workers
         sharing a store's allowance converge to equal shares.
         """
-        if state.base_latency is not None:
-            self._latency.note(now, state.base_latency, self.config.max_samples)
-        if state.throttled_at is not None and state.throttled_at > self._cut_at:
+        own = self._latency.base
+        if state.base_latency is not None and (
+            own is None or state.base_latency * self.config.high < own
+        ):
+            # Far below ours, theirs was measured at a lighter load (a probe), where ours was
+            # taken under the pass's own: take it, at the time it was measured so that it ages
+            # out here as it does there. A base within the band is noise, not news: the least
+            # of both workers' medians would sit below the true one and read noise as a queue.
+            at = now if state.base_at is None else min(now, state.base_at)
+            self._latency.note(at, state.base_latency, self.config.max_samples)
+        # A throttle within a round trip of our own last cut is the overload that cut already
+        # answers (one cut per overload, as for our own answers): cutting again for it would
+        # take a share of the store's allowance twice.
+        rtt = self._latency.smoothed or 0.0
+        if state.throttled_at is not None and state.throttled_at > self._cut_at + rtt:
             self._throttled_at = max(self._throttled_at or -math.inf, state.throttled_at)
             self._cut(now)
             return
@@ -336,7 +369,29 @@ class LimitController:
         # Concave back to the ceiling over `recovery` seconds, flat around it, convex beyond.
         return self._ceiling * (1.0 + (1.0 - cfg.backoff) * x**3)
 
+    def _rose(self, now: float) -> None:
+        """Slow start's last doubling bought a queue (``ControlConfig.rise``): back to the limit
+        before it, the end of slow start, and a probe if the unloaded latency was never
+        measured at a light load (every answer so far came under the pass's own load)."""
+        cfg = self.config
+        self._slow_start = False
+        self._backoffs += 1
+        self._limit = self._clamp(self._limit / cfg.slow_start)
+        self._new_epoch(now)
+        self._probe_if_unmeasured()
+
+    def _probe_if_unmeasured(self) -> None:
+        cfg = self.config
+        if not self._probed and self._limit > cfg.probe_limit:
+            # The unloaded latency was taken under load: measure it (module doc).
+            self._probed = True
+            self._probe_return = self._limit
+            self._limit = self._clamp(float(cfg.probe_limit))
+
     def _new_epoch(self, now: float) -> None:
+        if self._epoch_fastest < math.inf:
+            self._last_fastest = self._epoch_fastest
+        self._epoch_fastest = math.inf
         self._epoch_start = now
         self._epoch_latencies.clear()
         self._epoch_peak = self._in_flight
@@ -384,12 +439,8 @@ class LimitController:
                 self._latency.rebase(now, median, n)
                 self._streak = 0
             self._limit = self._clamp(limit)
-            if not self._probed and self._limit > cfg.probe_limit:
-                # The unloaded latency was taken under load: measure it (module doc).
-                self._probed = True
-                self._probe_return = self._limit
-                self._limit = self._clamp(float(cfg.probe_limit))
             self._new_epoch(now)
+            self._probe_if_unmeasured()
             return
         elif now < self._hold_until or not used:
             pass

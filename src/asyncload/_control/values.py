@@ -53,6 +53,13 @@ class ControlConfig:
     """The automatic mode's own ceiling, where the user gave no cap."""
     slow_start: float = 2.0
     """Growth per round trip while nothing has pushed back yet (TCP's slow start)."""
+    rise: float = 1.5
+    """In slow start, an epoch whose fastest answer took this multiple of the last epoch's
+    fastest means the last doubling bought a queue (HyStart++'s delay rule): slow start ends,
+    and the limit goes back to where it was. Fastest to fastest compares like with like: a
+    pass's first answers find the store idle, whatever the load of the rest."""
+    rise_samples: int = 8
+    """Answers an epoch needs before ``rise`` is judged (HyStart++'s N_RTT_SAMPLE)."""
     growth: float = 0.1
     """Growth per round trip afterwards, as a share of the limit (at least one request)."""
     low: float = 1.1
@@ -92,6 +99,8 @@ class ControlConfig:
             raise ValueError("ControlConfig needs 1 <= min_limit <= initial <= max_limit")
         if not (self.slow_start > 1 and self.growth > 0 and 1 <= self.low < self.high):
             raise ValueError("ControlConfig needs slow_start > 1, growth > 0, 1 <= low < high")
+        if not (self.rise > 1 and self.rise_samples >= 1):
+            raise ValueError("ControlConfig needs rise > 1 and rise_samples >= 1")
         if not (0 < self.backoff < 1 and 0 < self.cpu_backoff < 1 and self.recovery > 0):
             raise ValueError("ControlConfig needs 0 < backoff, cpu_backoff < 1 and recovery > 0")
 
@@ -126,6 +135,8 @@ class LimitState:
     """When the store last throttled one of these workers."""
     workers: int = 1
     """How many workers' states this one summarises."""
+    base_at: float | None = None
+    """When ``base_latency`` was measured, so that a peer forgets it as its measurer would."""
 
     @staticmethod
     def combine(states: Iterable[LimitState]) -> LimitState:
@@ -140,18 +151,20 @@ class LimitState:
         workers = sum(s.workers for s in states)
         # Weighted by workers so that combining combined states gives the same mean.
         limit = sum(s.limit * s.workers for s in states) / workers
-        bases = [s.base_latency for s in states if s.base_latency is not None]
+        bases = [(s.base_latency, s.base_at) for s in states if s.base_latency is not None]
         ceilings = [(s.ceiling, s.workers) for s in states if s.ceiling is not None]
         throttles = [s.throttled_at for s in states if s.throttled_at is not None]
         ceiling = (
             sum(c * w for c, w in ceilings) / sum(w for _, w in ceilings) if ceilings else None
         )
+        base, base_at = min(bases, key=lambda b: b[0]) if bases else (None, None)
         return LimitState(
             limit=limit,
-            base_latency=min(bases) if bases else None,
+            base_latency=base,
             ceiling=ceiling,
             throttled_at=max(throttles) if throttles else None,
             workers=workers,
+            base_at=base_at,
         )
 
     def for_workers(self, workers: int) -> LimitState:
@@ -166,6 +179,7 @@ class LimitState:
             ceiling=None if self.ceiling is None else self.ceiling * scale,
             throttled_at=self.throttled_at,
             workers=workers,
+            base_at=self.base_at,
         )
 
 

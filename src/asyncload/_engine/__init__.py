@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from .._protocol.messages import IndexTask, IterTask, PassStarted, Shutdown, StartPass
+from .._protocol.messages import IndexTask, IterTask, PassStarted, Peers, Shutdown, StartPass
 from .._stats import recorder as _metrics
 from ._core import WorkerConfig
 from ._iter import IterFetching
@@ -45,7 +45,9 @@ class Engine(MapFetching, IterFetching):
         try:
             while True:
                 msg = await inbox.get()
-                if isinstance(msg, IndexTask):
+                if isinstance(msg, Peers):
+                    self._sem.merge(msg.state)
+                elif isinstance(msg, IndexTask):
                     if msg.generation == self._generation:
                         if self._starter is None:
                             self._starter = asyncio.get_running_loop().create_task(self._start())

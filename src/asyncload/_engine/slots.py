@@ -184,6 +184,14 @@ class Slots:
         self._limiter.wake()
         return None
 
+    def merge(self, peers: LimitState) -> None:
+        """Take in what the loader's other workers learned during this pass (a ``Peers``
+        message): their unloaded latency, a throttle they met, their limit
+        (``LimitController.merge``)."""
+        if self._limiter is not None:
+            self._limiter.controller.merge(peers, time.monotonic())
+            self._limiter.wake()
+
     def throttled(self, sent: float, retry_after: float | None) -> None:
         """A storage attempt sent at *sent* was told "too many" (``Recorder.on_throttle``)."""
         if self._limiter is not None:

@@ -22,12 +22,14 @@ from .._control import LimitState
 from .._dataset.sample_errors import Budget
 from .._exceptions import BatchTimeout
 from .._protocol.messages import (
+    PEERS_EVERY,
     POLL_INTERVAL,
     Exhausted,
     Failure,
     IndexTask,
     IterTask,
     PassStarted,
+    Peers,
     Result,
 )
 from .._stats.loader_stats import Tally
@@ -79,6 +81,9 @@ class Dispatch:
             self.spec.outstanding_per_worker * self._num_workers, self.spec.prefetch_bytes
         )
         self._active = [True] * self._num_workers
+        # Which workers have not heard the others' latest, and when they last heard (_share).
+        self._news = [False] * self._num_workers
+        self._heard_at = [-float("inf")] * self._num_workers
         start = 0
         if resume is not None and spec.is_iterable:
             # Every worker restarts active: one that had run dry skips its share and says so.
@@ -137,6 +142,30 @@ class Dispatch:
         self._send_idx += 1
         return True
 
+    def _share(self, source: int, state: LimitState) -> None:
+        """Worker *source* reports where its adaptive limit got to: tell the others.
+
+        Workers read the same store, so what one finds (its unloaded latency, a throttle)
+        holds for all: a worker whose first round trips were loaded learns the true latency
+        from one that probed, and a throttle cuts every worker's limit, not one at a time.
+        Each worker hears at most every ``PEERS_EVERY`` seconds; news that waits goes with
+        the next report. Tasks are no carrier: the look-ahead may have sent them all.
+        """
+        self.learned[source] = state
+        if self._num_workers < 2:
+            return
+        now = time.monotonic()
+        engines = self._require_workers()
+        for w in range(self._num_workers):
+            if w == source or not self._active[w]:
+                continue
+            self._news[w] = True
+            if now - self._heard_at[w] >= PEERS_EVERY:
+                others = [s for v, s in self.learned.items() if v != w]
+                engines.send(w, Peers(LimitState.combine(others)))
+                self._news[w] = False
+                self._heard_at[w] = now
+
     def _next_data(self) -> Any:
         in_order = self.spec.in_order
         while True:
@@ -170,7 +199,7 @@ class Dispatch:
                 if msg.stats is not None:
                     self.tally.workers[msg.worker_id] = msg.stats
                 if msg.limit is not None:
-                    self.learned[msg.worker_id] = msg.limit
+                    self._share(msg.worker_id, msg.limit)
             reply = msg
             if isinstance(msg, Exhausted):
                 self._active[msg.worker_id] = False

@@ -24,8 +24,9 @@ Where a reply is unpacked (its shared memory mapped) and pinned, one place per k
 * ``ThreadWorkers`` (``num_workers=0``): nothing to unpack; pinned in ``get()``.
 
 Between tasks, ``(freed, None)`` carries only releases, once a few have gathered (the
-look-ahead may send no task for many batches). Every send is answered by exactly one reply
-carrying the same ``send_idx``: a ``Result``, a
+look-ahead may send no task for many batches), and ``Peers`` carries what the other workers'
+adaptive limits learned (at most every ``PEERS_EVERY`` seconds); neither gets a reply. Every
+task is answered by exactly one reply carrying the same ``send_idx``: a ``Result``, a
 ``Failure`` or (iterable datasets) ``Exhausted``. The main process therefore knows at all times
 which tasks are outstanding on which worker.
 
@@ -82,11 +83,13 @@ if TYPE_CHECKING:
     from .._storage.config import StorageConfig
 
 __all__ = [
+    "PEERS_EVERY",
     "Exhausted",
     "Failure",
     "IndexTask",
     "IterTask",
     "PassStarted",
+    "Peers",
     "RemoteError",
     "Result",
     "Shutdown",
@@ -96,6 +99,10 @@ __all__ = [
 
 # How often blocking waits wake up to check liveness and the done event, in seconds.
 POLL_INTERVAL = 0.25
+# How often, at most, a worker hears what the others learned (``Peers``): as often as they
+# report it (their stats), so that a throttle or a probe reaches every worker within a round
+# trip or two.
+PEERS_EVERY = 0.2
 
 
 # ── main → worker ─────────────────────────────────────────────────────────────────────────────
@@ -116,6 +123,15 @@ class IterTask:
 
     send_idx: int
     generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class Peers:
+    """What the loader's other workers learned of the store during this pass (control data,
+    at most every ``PEERS_EVERY`` seconds per worker): their adaptive limits combined, whose
+    unloaded latency and throttles hold for this worker too (``_engine.slots.Slots.merge``)."""
+
+    state: LimitState
 
 
 @dataclass(frozen=True, slots=True)
