@@ -9,7 +9,7 @@ The control law (``LimitController``), once per epoch (the answers to requests s
 last decision: at least 16, at most 64, so about one round trip):
 
 * **Slow start.** From ``initial`` (8), double per epoch while nothing pushes back. An epoch
-  whose fastest answer took ``rise`` (1.5) times the last epoch's fastest ends it and takes
+  whose fastest answer took ``rise`` (1.2) times the last epoch's fastest ends it and takes
   the last doubling back (HyStart++'s delay rule): fastest against fastest compares like with
   like, and a pass's first answers find the store idle even where the pass's new connections
   (opened a few at a time) make its first median as slow as a queue would.
