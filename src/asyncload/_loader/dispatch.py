@@ -81,8 +81,7 @@ class Dispatch:
             self.spec.outstanding_per_worker * self._num_workers, self.spec.prefetch_bytes
         )
         self._active = [True] * self._num_workers
-        # Which workers have not heard the others' latest, and when they last heard (_share).
-        self._news = [False] * self._num_workers
+        # When each worker last heard what the others learned (_share).
         self._heard_at = [-float("inf")] * self._num_workers
         start = 0
         if resume is not None and spec.is_iterable:
@@ -157,13 +156,9 @@ class Dispatch:
         now = time.monotonic()
         engines = self._require_workers()
         for w in range(self._num_workers):
-            if w == source or not self._active[w]:
-                continue
-            self._news[w] = True
-            if now - self._heard_at[w] >= PEERS_EVERY:
+            if w != source and self._active[w] and now - self._heard_at[w] >= PEERS_EVERY:
                 others = [s for v, s in self.learned.items() if v != w]
                 engines.send(w, Peers(LimitState.combine(others)))
-                self._news[w] = False
                 self._heard_at[w] = now
 
     def _next_data(self) -> Any:
