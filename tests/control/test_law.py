@@ -25,6 +25,9 @@ Figures of the control law on these stores (simulated, one worker unless said):
   (median of eight seeds 1.40x) with the probe, 1.61-2.52x (1.98x) without; goodput 0.98-1.02
   of the best fixed value either way. Over the whole run, from the first request: p99
   1.46-1.68x (1.53x) with slow start's delay rule (``rise``), 1.86-2.69x (1.94x) without.
+* (i) a worker bound by its own CPU (0.5 ms per answer, 2,000/s) on a 50 ms store, starting at
+  64: 0.99 of the best fixed value over the whole 3 s when it reports ``cpu_bound``, 0.96
+  when it does not and probes at probe_limit in flight after its backoff.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from asyncload._control import (
 
 from .._simstore import (
     ClientCpu,
+    Figures,
     FixedLatency,
     Queue,
     Sim,
@@ -383,22 +387,39 @@ def test_converges_within_3_s_of_a_change_in_the_stores_limit(before: int, after
 # ── the CPU lane's signal, the asyncio face, the registry ────────────────────────────────────
 
 
-def test_cpu_lane_bottleneck_shrinks_the_limit_and_lifting_it_lets_it_grow() -> None:
-    controller = _auto()
-    seen: dict[str, int] = {}
+def _cpu_bound_pass(signal_after_backoffs: int | None) -> tuple[int, Figures, LimitController]:
+    """A pass that starts at a batch's worth (64) on a 50 ms store, with 0.5 ms of the worker's
+    own CPU per answer (2,000/s; the knee ~100 in flight): slow start doubles into the worker's
+    own queue and backs off. The worker reports ``cpu_bound`` once it has backed off
+    *signal_after_backoffs* times (``None``: never). The least limit seen, the figures."""
+    c = _auto(config=ControlConfig(initial=64))
+    low = [c.limit]
 
-    def signal(sim: Sim, workers: list[Worker]) -> None:
-        if sim.now >= 2.0 - 1e-9 and "before" not in seen:
-            seen["before"] = controller.limit
-            controller.cpu_bound(sim.now, True)
-        if sim.now >= 3.0 - 1e-9 and "bound" not in seen:
-            seen["bound"] = controller.limit
-            controller.cpu_bound(sim.now, False)
+    def each(sim: Sim, workers: list[Worker]) -> None:
+        if signal_after_backoffs is not None and c.stats().backoffs >= signal_after_backoffs:
+            c.cpu_bound(sim.now, True)
+        low.append(c.limit)
 
-    simulate(ClientCpu(FixedLatency(0.05), cost=0.00025), [controller], 6.0, each=signal)
-    assert seen["bound"] <= 0.5 * seen["before"], seen
-    assert controller.limit >= 0.9 * seen["before"]
-    assert controller.stats().backoffs > 0
+    store = ClientCpu(FixedLatency(0.05), cost=0.0005)
+    ws = simulate(store, [c], 3.0, every=0.002, each=each)
+    return min(low), figures(ws, 0.0, 3.0), c
+
+
+def test_a_worker_bound_by_its_own_cpu_shrinks_to_its_knee_without_a_probe() -> None:
+    _, best, _ = best_fixed(lambda: ClientCpu(FixedLatency(0.05), cost=0.0005), 3.0, 0.0)
+    # Not told: the backoff is followed by a probe at probe_limit in flight (a round trip
+    # with the worker's CPU idle).
+    least, free, _ = _cpu_bound_pass(None)
+    assert least == ControlConfig().probe_limit
+    # Told, even one epoch after the backoff (the CPU is measured every 0.1 s): no probe; the
+    # latency of its own queue still shrinks the limit, and it loses nothing to the sweep.
+    for after in (0, 1):
+        least, bound, c = _cpu_bound_pass(after)
+        assert least > ControlConfig().probe_limit, after
+        assert c.stats().backoffs >= 1
+        assert c.limit <= 256  # shrunk from slow start's 512 toward the knee
+        assert bound.goodput >= 0.97 * best.goodput, (after, bound, best)
+        assert bound.goodput > free.goodput
 
 
 def test_failures_are_not_goodput_and_do_not_cut() -> None:

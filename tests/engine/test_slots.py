@@ -149,6 +149,29 @@ def test_the_default_stays_small_when_the_cpu_is_the_bottleneck() -> None:
 
 
 @pytest.mark.timeout(60)
+def test_an_engine_tells_its_limit_whether_its_own_cpu_bounds_it() -> None:
+    # 1 ms of the loop's CPU per sample after 20 ms of waiting (1,000/s; the knee ~20 in
+    # flight): the engine measures its loop busy and tells the controller, which then makes no
+    # probe (test_law.py). Waiting alone keeps the loop idle: not bound.
+    def bound_seen(ds: Store) -> list[bool]:
+        seen: list[bool] = []
+
+        def watch(engine: Engine) -> None:
+            c = engine._sem.controller
+            assert c is not None
+            seen.append(c.stats().cpu_bound)
+
+        results = asyncio.run(_read(_config(ds, None, batch_size=32), 40, window=20, watch=watch))
+        assert sorted(x for r in results for x in r.data) == list(range(ds.n))
+        return seen
+
+    busy = bound_seen(Store(1280, latency=0.02, cpu=0.001))
+    assert any(busy), busy[::10]
+    idle = bound_seen(Store(1280, latency=0.02))
+    assert not any(idle), idle[::10]
+
+
+@pytest.mark.timeout(60)
 def test_a_throttle_cuts_the_limit_at_once_and_nothing_is_lost() -> None:
     ds = Store(4000, latency=0.02)
     ds.throttle = set(range(2000, 2010))  # a burst of 503s midway

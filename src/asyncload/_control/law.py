@@ -21,10 +21,11 @@ last decision: at least 16, at most 64, so about one round trip):
   hold. A pass that starts above ``probe_limit`` (8; a first batch's worth) takes its first
   latencies under its own load, so its first backoff is also a probe, as BBR's PROBE_RTT:
   ``probe_limit`` in flight for one epoch of that many answers, whose median is a candidate
-  for the unloaded latency, then back to the shrunk limit. Noise is not a queue: the
-  log-latency spread (from the interquartile range) widens the band by two standard errors of
-  a median and lifts the least median by two, since a minimum of many noisy medians sits that
-  far below the true one. Three backoffs that left latency as it
+  for the unloaded latency, then back to the shrunk limit. The probe waits one epoch at the
+  shrunk limit, so that the worker knows by then whether its own CPU made the queue (below).
+  Noise is not a queue: the log-latency spread (from the interquartile range) widens the band
+  by two standard errors of a median and lifts the least median by two, since a minimum of
+  many noisy medians sits that far below the true one. Three backoffs that left latency as it
   was mean the store itself got slower: its latency now becomes the unloaded one.
 * **Throttles, as TCP CUBIC.** A ``503 SlowDown``, ``429`` or ``Retry-After`` cuts the limit to
   0.8 of it at once, once per overload (answers to requests sent before the cut do not cut
@@ -33,10 +34,13 @@ last decision: at least 16, at most 64, so about one round trip):
   growth goes back to 10% per epoch. ``Retry-After`` freezes growth for as long as the server
   asked (the request itself waits in the retry path). Throttled below the last ceiling, the
   ceiling drops to the middle (CUBIC's fast convergence), so workers sharing a store even out.
-* **Caps and signals.** An explicit ``max_concurrency`` bounds every value the limit takes. While
-  the CPU lane reports that it is the bottleneck (``cpu_bound``), the limit shrinks by 10% per
-  epoch and does not grow. Other failures (500s, resets, timeouts) neither count as goodput nor
-  cut, and their latencies are not samples.
+* **Caps and signals.** An explicit ``max_concurrency`` bounds every value the limit takes.
+  While the worker's own CPU is what bounds it (``cpu_bound``: its loop or its CPU lane busy,
+  ``_engine/cpu_load.py``), latency rises with its own queue: Vegas stops at that knee as at
+  a store's, but no probe is made, since a probe's round trip at ``probe_limit`` in flight
+  idles the CPU that bounds the worker (``bench_autotune`` (a) and (b): 0.78 and 0.89 of the
+  best fixed limit with it, 0.97 and 0.99 without). Other failures (500s, resets, timeouts)
+  neither count as goodput nor cut, and their latencies are not samples.
 * **Sharing.** ``export`` gives a frozen ``LimitState`` (limit, unloaded latency and when it
   was measured, throttled limit and when); ``LimitState.combine`` merges the workers' states
   in the main process; a new controller started from it skips the slow start, and ``merge``
@@ -137,6 +141,7 @@ class LimitController:
         # and whether the unloaded latency was ever measured at a load of probe_limit or less.
         self._probe_return: float | None = None
         self._probed = config.initial <= config.probe_limit
+        self._probe_due = False
         # The unloaded latency (the least epoch median of the last base_window seconds) and
         # the noise around it, that a queue is measured by.
         self._latency = BaseLatency(config.base_window)
@@ -236,10 +241,10 @@ class LimitController:
         self._throttle(now, sent, retry_after)
 
     def cpu_bound(self, now: float, bound: bool) -> None:
-        """Whether the CPU lane (decoding, collating) is what limits the worker now.
+        """Whether the worker's own CPU (its loop, its CPU lane) is what bounds it now.
 
-        While it is, more requests in flight only hold more memory and contend for the loop:
-        the limit shrinks by ``cpu_backoff`` per round trip and does not grow.
+        While it is, a rise in latency is (also) the worker's own queue: the law shrinks for it
+        as for any queue, but does not probe the unloaded latency, which would idle that CPU.
         """
         self._cpu_bound = bound
 
@@ -381,12 +386,24 @@ class LimitController:
         self._probe_if_unmeasured()
 
     def _probe_if_unmeasured(self) -> None:
+        if not self._probed:
+            # The unloaded latency was taken under load: measure it (module doc), after one
+            # epoch at the shrunk limit, so that whether the worker's own CPU is what queued
+            # (``cpu_bound``, measured every 0.1 s) is known for that epoch.
+            self._probe_due = True
+
+    def _start_probe(self, now: float) -> bool:
+        """Start the probe that is due, unless the worker's CPU bounds it (the probe would
+        idle that CPU for a round trip) or the limit is already that low."""
         cfg = self.config
-        if not self._probed and self._limit > cfg.probe_limit:
-            # The unloaded latency was taken under load: measure it (module doc).
-            self._probed = True
-            self._probe_return = self._limit
-            self._limit = self._clamp(float(cfg.probe_limit))
+        self._probe_due = False
+        if self._probed or self._cpu_bound or self._limit <= cfg.probe_limit:
+            return False
+        self._probed = True
+        self._probe_return = self._limit
+        self._limit = self._clamp(float(cfg.probe_limit))
+        self._new_epoch(now)
+        return True
 
     def _new_epoch(self, now: float) -> None:
         if self._epoch_fastest < math.inf:
@@ -406,6 +423,8 @@ class LimitController:
             self._limit, self._probe_return = self._probe_return, None
             self._new_epoch(now)
             return
+        if self._probe_due and self._start_probe(now):
+            return
         # The unloaded latency is lifted by the noise, and the band widened by it (``latency``).
         median, base, widen = self._latency.epoch(now, self._epoch_latencies)
         high = cfg.high * widen
@@ -417,10 +436,7 @@ class LimitController:
         # (the sampler, the CPU lane) did, and a larger limit would be untested.
         used = self._epoch_peak >= 0.5 * self._limit
         limit = self._limit
-        if self._cpu_bound:
-            limit *= cfg.cpu_backoff
-            self._backoffs += 1
-        elif ratio > high and queued > cfg.queue_floor:
+        if ratio > high and queued > cfg.queue_floor:
             # Requests queue (at the store or in this worker's loop) and the queue is what the
             # extra ones bought: shrink toward the middle of the band in one step, at most by
             # half, as Gradient2 does.

@@ -91,8 +91,6 @@ class ControlConfig:
     latency now is the new unloaded one."""
     max_hold: float = 30.0
     """Longest ``Retry-After`` that freezes growth (the retry path decides about the request)."""
-    cpu_backoff: float = 0.9
-    """The limit per round trip while the CPU lane is the bottleneck, as a share."""
     probe_limit: int = 8
     """Requests in flight while the unloaded latency is measured again (a probe, as BBR's
     PROBE_RTT): when a pass started above this, its first latencies were taken under load."""
@@ -104,8 +102,8 @@ class ControlConfig:
             raise ValueError("ControlConfig needs slow_start > 1, growth > 0, 1 <= low < high")
         if not (self.rise > 1 and self.rise_samples >= 1):
             raise ValueError("ControlConfig needs rise > 1 and rise_samples >= 1")
-        if not (0 < self.backoff < 1 and 0 < self.cpu_backoff < 1 and self.recovery > 0):
-            raise ValueError("ControlConfig needs 0 < backoff, cpu_backoff < 1 and recovery > 0")
+        if not (0 < self.backoff < 1 and self.recovery > 0):
+            raise ValueError("ControlConfig needs 0 < backoff < 1 and recovery > 0")
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,4 +218,4 @@ class LimitStats:
     """``"slow start"``, ``"steady"``, ``"recovering"`` (after a throttle) or ``"held"``
     (``Retry-After`` pending)."""
     cpu_bound: bool
-    """Whether the CPU lane is reported as the bottleneck."""
+    """Whether the worker's own CPU (its loop or its CPU lane) was last seen to bound it."""

@@ -33,6 +33,7 @@ from .._control import (
     LimitState,
     Outcome,
 )
+from .cpu_load import CpuLoad
 
 __all__ = [
     "AUTO_CEILING",
@@ -102,7 +103,7 @@ class Slots:
         (2, 16)
     """
 
-    __slots__ = ("_ceiling", "_fixed", "_limiter", "cap")
+    __slots__ = ("_ceiling", "_fixed", "_limiter", "_load", "cap")
 
     def __init__(
         self,
@@ -116,6 +117,7 @@ class Slots:
         self._ceiling = ceiling
         self._fixed: asyncio.Semaphore | None = None
         self._limiter: AdaptiveLimiter | None = None
+        self._load: CpuLoad | None = None
         if cap is not None:
             self._fixed = asyncio.Semaphore(cap)
         else:
@@ -123,6 +125,8 @@ class Slots:
             controller = LimitController(config, cap=ceiling, learned=learned, now=time.monotonic())
             # time.monotonic, not the loop's clock: storage notes a throttle's send time with it.
             self._limiter = AdaptiveLimiter(controller, clock=time.monotonic)
+            # Whether this worker's own CPU bounds it (a probe would idle it): cpu_load.py.
+            self._load = CpuLoad()
 
     def renewed(self) -> Slots:
         """Slots for a new pass: all free; an adaptive limit starts where this one got to."""
@@ -148,10 +152,12 @@ class Slots:
         others waiting for an adaptive limit (a sample that gave its slot back for a while)."""
         if self._fixed is not None:
             await self._fixed.acquire()
-        else:
-            assert self._limiter is not None
-            await self._limiter.acquire(first=first)
-        return time.monotonic()
+            return time.monotonic()
+        assert self._limiter is not None
+        await self._limiter.acquire(first=first)
+        now = time.monotonic()
+        self._note_load(now)  # from the pass's first request on
+        return now
 
     def release(self, granted: float | None = None, ok: bool | None = None) -> None:
         """Give a slot back. *granted* and *ok* tell an adaptive limit the sample's latency
@@ -163,7 +169,9 @@ class Slots:
         if granted is None or ok is None:
             self._limiter.returned()  # nothing to learn from
             return
-        self._limiter.release(Outcome.OK if ok else Outcome.FAILED, time.monotonic() - granted)
+        now = time.monotonic()
+        self._note_load(now)
+        self._limiter.release(Outcome.OK if ok else Outcome.FAILED, now - granted)
 
     def handoff(self, granted: float, ok: bool | None) -> float | None:
         """The holder of a slot finished a sample (granted at *granted*): may it take the next
@@ -177,12 +185,20 @@ class Slots:
         if ok is None:
             c.returned()
         else:
+            self._note_load(now)
             c.finished(now, Outcome.OK if ok else Outcome.FAILED, now - granted)
         if c.in_flight < c.limit and not self._limiter.waiting:
             c.started(now)
             return now
         self._limiter.wake()
         return None
+
+    def _note_load(self, now: float) -> None:
+        assert self._limiter is not None
+        assert self._load is not None
+        bound = self._load.sample(now)
+        if bound is not None:
+            self._limiter.controller.cpu_bound(now, bound)
 
     def merge(self, peers: LimitState) -> None:
         """Take in what the loader's other workers learned during this pass (a ``Peers``
