@@ -1,6 +1,6 @@
 """Smoke tests: ``benchmarks/bench_loader.py``, ``bench_tails.py``, ``bench_cache.py``,
-``bench_wholerun.py``, ``bench_pipeline.py`` and ``bench_autotune.py`` with ``--quick`` run and
-print their tables.
+``bench_wholerun.py``, ``bench_pipeline.py``, ``bench_autotune.py`` and ``bench_converge.py``
+with ``--quick`` run and print their tables.
 
 Only that it runs: speed depends on whatever else the machine is doing, so no numbers are
 checked here.
@@ -157,3 +157,16 @@ def test_bench_autotune_quick_prints_the_throttling_store() -> None:
     assert "| all once | no |" in default[0], text
     assert [line for line in text.splitlines() if line.startswith("| 128 |")], text
     assert "target (c): default goodput" in text, text
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+def test_bench_converge_quick_prints_each_phase() -> None:
+    # Two loaders while the store's rate drops from 2,000/s to 1,000/s: a row per phase, every
+    # object once, no loader failed (how fast it converged is the benchmark's, not checked).
+    text = _run_quick("bench_converge.py", timeout=80)
+    rows = [line for line in text.splitlines() if line.startswith(("| start |", "| change 1 |"))]
+    assert len(rows) == 2, text
+    assert "| 1,000/s |" in rows[1], text
+    assert "objects: each once; loader errors: none" in text, text
+    assert "target (change 1): converged within 3 s" in text, text

@@ -135,6 +135,13 @@ def test_admit_counts_and_pushes_back() -> None:
     assert count is not None
     assert bytes(count.body) == b"3"
     assert store.answer_control("/p/x") is None
+    # The allowance changes while a loader reads: the bucket refills at the new rate.
+    rate = store.answer_control("/throttle-rate/1000")
+    assert rate is not None
+    assert (rate.status, bytes(rate.body), store.throttle_rate) == (200, b"1000", 1000.0)
+    bad = store.answer_control("/throttle-rate/fast")
+    assert bad is not None
+    assert (bad.status, store.throttle_rate) == (400, 1000.0)
     done, gone = Ticket("GET", "/a", {}), Ticket("GET", "/b", {})
     store.end(done)
     store.cancel(done)  # already ended: not cancelled too

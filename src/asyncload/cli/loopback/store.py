@@ -209,12 +209,20 @@ class Store:
     # ── the steps of a request, in order ────────────────────────────────────────────────────
 
     def answer_control(self, target: str) -> Reply | None:
-        """The reply to a counter request (``/count``, ``/throttled``, ``/peak``), or ``None``.
+        """The reply to a counter request (``/count``, ``/throttled``, ``/peak``) or to
+        ``/throttle-rate/<per second>`` (a new rate for the token buckets, answered with
+        itself; a change of the store's allowance while a loader reads), or ``None``.
 
         Not counted as a request; only with :attr:`control` on.
         """
         if not self.control:
             return None
+        if target.startswith("/throttle-rate/") and self.throttle_rate is not None:
+            try:
+                self.throttle_rate = float(target.rpartition("/")[2])
+            except ValueError:
+                return Reply(400, body=b"throttle-rate takes a number of requests per second")
+            return Reply(200, body=f"{self.throttle_rate:g}".encode())
         if target == "/count":
             count = self.requests
         elif target == "/throttled":
