@@ -60,22 +60,21 @@ class CpuLoad:
         self._bound = False
 
     @staticmethod
-    def _lane_busy() -> float:
+    def _lane() -> tuple[float, int]:
+        """The lane's busy seconds so far and its threads (none: 0.0 and 1)."""
         lane = _cpu.current()
-        return lane.busy_s if lane is not None else 0.0
+        return (0.0, 1) if lane is None else (lane.busy_s, lane.size)
 
     def sample(self, now: float) -> bool | None:
         """Whether the loop's thread or the lane is busy (``BUSY``, ``IDLE``), from the time
         since the last measure; ``None`` if less than ``EVERY`` has passed (nothing new)."""
         if self._at is None:
-            self._at, self._loop_s, self._lane_s = now, time.thread_time(), self._lane_busy()
+            self._at, self._loop_s, self._lane_s = now, time.thread_time(), self._lane()[0]
             return None
         elapsed = now - self._at
         if elapsed < self.EVERY:
             return None
-        loop_s, lane_s = time.thread_time(), self._lane_busy()
-        lane = _cpu.current()
-        threads = lane.size if lane is not None else 1
+        loop_s, (lane_s, threads) = time.thread_time(), self._lane()
         busy = max(loop_s - self._loop_s, (lane_s - self._lane_s) / threads) / elapsed
         self._at, self._loop_s, self._lane_s = now, loop_s, lane_s
         if busy >= self.BUSY:
