@@ -56,3 +56,17 @@ def test_a_busy_lane_reads_as_bound_per_thread() -> None:
             assert load.sample(0.2) is True
     finally:
         lane.shutdown()
+
+
+def test_the_bound_seconds_count_only_the_measures_that_read_as_bound() -> None:
+    # loader.stats().cpu_bound_s sums these: the wall time of each measure read as bound.
+    load = CpuLoad()
+    load.sample(0.0)
+    _spin(0.05)
+    assert load.sample(0.1) is True
+    assert load.bound_s == pytest.approx(0.1)
+    _spin(0.032)  # between the lines: still bound, and counted
+    assert load.sample(0.2) is True
+    assert load.bound_s == pytest.approx(0.2)
+    assert load.sample(8.0) is False  # 7.8 idle seconds: not counted
+    assert load.bound_s == pytest.approx(0.2)

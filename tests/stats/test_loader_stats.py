@@ -262,6 +262,10 @@ def test_the_bound_stage_follows_the_figures() -> None:
     cores = _cores()
     assert _bound_by(0, 1.0, 1.0, 0.0, 0.0, 1) == ""  # nothing yet
     assert _bound_by(10, 10.0, 0.5, 0.1, 9.0, 1) == "consumer"  # waited 5%
+    # Workers whose loops were busy for most of the pass on cores they share with others
+    # (2.8 CPU s of 4 for the JPEG pipeline on 2 cores): their CPU bounds them all the same.
+    assert _bound_by(10, 10.0, 9.0, 0.1, 5.0, 2, cpu_bound_s=12.0) == "cpu"
+    assert _bound_by(10, 10.0, 9.0, 0.1, 5.0, 2, cpu_bound_s=8.0) == "storage"  # 40% of it
     assert _bound_by(10, 10.0, 5.0, 3.0, 1.0, 1) == "transfer"  # busy receiving
     assert _bound_by(10, 10.0, 5.0, 0.1, 9.0, 1) == "cpu"  # one worker, 90% of a core
     assert _bound_by(10, 10.0, 5.0, 0.1, 2.0, 1) == "storage"  # idle workers

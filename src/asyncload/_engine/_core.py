@@ -141,6 +141,7 @@ class EngineCore:
             self._last_stats = now
             self._note_cpu()
             self.recorder.limit = self._sem.limit
+            self.recorder.cpu_bound_s = self._sem.cpu_bound_s
             return self.recorder.snapshot()
         return None
 

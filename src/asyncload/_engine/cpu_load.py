@@ -52,12 +52,14 @@ class CpuLoad:
     worker), an I/O-bound one 0.12-0.3 ((d), ~800 small objects a second per worker)."""
     IDLE = 0.25
 
-    __slots__ = ("_at", "_bound", "_lane_s", "_loop_s")
+    __slots__ = ("_at", "_bound", "_lane_s", "_loop_s", "bound_s")
 
     def __init__(self) -> None:
         self._at: float | None = None
         self._loop_s = self._lane_s = 0.0
         self._bound = False
+        # Wall seconds of the measures that read as bound (``LoaderStats.cpu_bound_s``).
+        self.bound_s = 0.0
 
     @staticmethod
     def _lane() -> tuple[float, int]:
@@ -81,4 +83,6 @@ class CpuLoad:
             self._bound = True
         elif busy < self.IDLE:
             self._bound = False
+        if self._bound:
+            self.bound_s += elapsed
         return self._bound

@@ -117,7 +117,9 @@ class Slots:
         self._ceiling = ceiling
         self._fixed: asyncio.Semaphore | None = None
         self._limiter: AdaptiveLimiter | None = None
-        self._load: CpuLoad | None = None
+        # Whether this worker's own CPU bounds it: an adaptive limit makes no probe then
+        # (cpu_load.py), and the stats say so (``LoaderStats.cpu_bound_s``).
+        self._load = CpuLoad()
         if cap is not None:
             self._fixed = asyncio.Semaphore(cap)
         else:
@@ -125,8 +127,6 @@ class Slots:
             controller = LimitController(config, cap=ceiling, learned=learned, now=time.monotonic())
             # time.monotonic, not the loop's clock: storage notes a throttle's send time with it.
             self._limiter = AdaptiveLimiter(controller, clock=time.monotonic)
-            # Whether this worker's own CPU bounds it (a probe would idle it): cpu_load.py.
-            self._load = CpuLoad()
 
     def renewed(self) -> Slots:
         """Slots for a new pass: all free; an adaptive limit starts where this one got to."""
@@ -152,7 +152,9 @@ class Slots:
         others waiting for an adaptive limit (a sample that gave its slot back for a while)."""
         if self._fixed is not None:
             await self._fixed.acquire()
-            return time.monotonic()
+            now = time.monotonic()
+            self._load.sample(now)
+            return now
         assert self._limiter is not None
         await self._limiter.acquire(first=first)
         now = time.monotonic()
@@ -164,6 +166,7 @@ class Slots:
         and outcome (``ok=None``: it was not fetched, or was cancelled: nothing to learn)."""
         if self._fixed is not None:
             self._fixed.release()
+            self._load.sample(time.monotonic())
             return
         assert self._limiter is not None
         if granted is None or ok is None:
@@ -178,7 +181,9 @@ class Slots:
         one in line without giving the slot back? The new grant time if so; ``None`` if the
         limit shrank below what is in flight (the slot is then given back)."""
         if self._fixed is not None:
-            return time.monotonic()
+            now = time.monotonic()
+            self._load.sample(now)
+            return now
         assert self._limiter is not None
         c = self._limiter.controller
         now = time.monotonic()
@@ -193,9 +198,13 @@ class Slots:
         self._limiter.wake()
         return None
 
+    @property
+    def cpu_bound_s(self) -> float:
+        """Wall seconds of this pass during which the worker's own CPU bounded it."""
+        return self._load.bound_s
+
     def _note_load(self, now: float) -> None:
         assert self._limiter is not None
-        assert self._load is not None
         bound = self._load.sample(now)
         if bound is not None:
             self._limiter.controller.cpu_bound(now, bound)

@@ -117,11 +117,18 @@ class LoaderStats:
     cpu_lane_s: float = 0.0
     """Of ``worker_cpu_s``, the seconds of the workers' CPU lanes (``asyncload.cpu`` calls,
     ``decode_in_thread`` decoders)."""
+    cpu_bound_s: float = 0.0
+    """Wall seconds during which a worker's own CPU was what bounded it, summed over workers:
+    its event loop's thread (or its CPU lane) busy at least 0.4 of the time, measured every
+    0.1 s. It tells a worker that runs out of CPU from one that waits on its store where its
+    cores are shared (another process or the store itself running on them), so that
+    ``worker_cpu_s`` stays well under the cores it was given."""
     bound_by: str = ""
     """Which stage holds the pass back, from the figures above: ``"consumer"`` (the training
     loop waited for data less than a tenth of the time: the loader keeps up), ``"transfer"``
-    (this process is busy receiving batches), ``"cpu"`` (the workers use the cores they have:
-    decoding and transforms; more workers only help with more cores, cheaper transforms do),
+    (this process is busy receiving batches), ``"cpu"`` (the workers use the cores they have,
+    or their CPU bounded them for at least half the pass (``cpu_bound_s``): decoding and
+    transforms; more workers only help with more cores, cheaper transforms do),
     ``"storage"`` (the workers wait on the store: see ``concurrency``, ``throttled`` and the
     latencies); ``""`` before the first batch."""
 
@@ -201,6 +208,7 @@ def merge(
     samples = sum(s.samples for s in snapshots)
     nbytes = sum(s.bytes for s in snapshots)
     worker_cpu_s = sum(s.cpu_s for s in snapshots)
+    cpu_bound_s = sum(s.cpu_bound_s for s in snapshots)
     consumer_s = max(0.0, elapsed - wait_s)
     return LoaderStats(
         elapsed_s=elapsed,
@@ -224,7 +232,16 @@ def merge(
         transfer_s=transfer_s,
         worker_cpu_s=worker_cpu_s,
         cpu_lane_s=sum(s.lane_s for s in snapshots),
-        bound_by=_bound_by(batches, elapsed, wait_s, transfer_s, worker_cpu_s, len(snapshots)),
+        cpu_bound_s=cpu_bound_s,
+        bound_by=_bound_by(
+            batches,
+            elapsed,
+            wait_s,
+            transfer_s,
+            worker_cpu_s,
+            len(snapshots),
+            cpu_bound_s=cpu_bound_s,
+        ),
     )
 
 
@@ -233,6 +250,11 @@ _CONSUMER_BOUND = 0.1
 # The workers used at least this share of the cores they can use (one each: Python code holds
 # the GIL; decoders that release it on a CPU lane may use more): they are CPU-bound.
 _CPU_BOUND = 0.8
+# ... or their own measures read bound for at least this share of the pass (start-up counts in
+# the pass: a worker is not busy while its first connections open). On 2 shared cores the
+# JPEG pipeline's workers, bound by their decode, used 0.70 of two cores (the store and the
+# training process took the rest) and read "storage" by the rule above alone (2026-11-27).
+_CPU_BOUND_TIME = 0.5
 
 
 def _cores() -> int:
@@ -249,6 +271,8 @@ def _bound_by(
     transfer_s: float,
     worker_cpu_s: float,
     workers: int,
+    *,
+    cpu_bound_s: float = 0.0,
 ) -> str:
     """Which stage holds the pass back (``LoaderStats.bound_by``)."""
     if batches == 0 or workers == 0:
@@ -262,6 +286,8 @@ def _bound_by(
     spare = transfer_s if workers >= _cores() else 0.0
     capacity = max(elapsed * cores - spare, 1e-9)
     if worker_cpu_s >= _CPU_BOUND * capacity:
+        return "cpu"
+    if cpu_bound_s >= _CPU_BOUND_TIME * elapsed * workers:
         return "cpu"
     return "storage"
 

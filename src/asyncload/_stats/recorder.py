@@ -66,6 +66,8 @@ class RecorderSnapshot:
     thread and its CPU lane's)."""
     lane_s: float = 0.0
     """Of those, the seconds its CPU lane's calls used (``asyncload.cpu``, lane decoders)."""
+    cpu_bound_s: float = 0.0
+    """Wall seconds of this pass during which its own CPU bounded it (``_engine/cpu_load.py``)."""
 
 
 @dataclass
@@ -82,6 +84,7 @@ class Recorder:
     limit: int = 0
     cpu_s: float = 0.0
     lane_s: float = 0.0
+    cpu_bound_s: float = 0.0
     # The engine's in-flight limit, told of a throttle: (when the throttled attempt was sent,
     # the server's Retry-After). None outside an engine, or with a fixed limit.
     on_throttle: Callable[[float, float | None], None] | None = None
@@ -102,11 +105,12 @@ class Recorder:
             limit=self.limit,
             cpu_s=self.cpu_s,
             lane_s=self.lane_s,
+            cpu_bound_s=self.cpu_bound_s,
         )
 
     def reset(self) -> None:
         self.samples = self.bytes = self.in_flight = 0
-        self.cpu_s = self.lane_s = 0.0
+        self.cpu_s = self.lane_s = self.cpu_bound_s = 0.0
         self.latency_hist = [0] * _NUM_BUCKETS
         self.retries.clear()
         self.errors.clear()
