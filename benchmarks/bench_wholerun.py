@@ -27,7 +27,8 @@ Peers, when installed (``pip install -c constraints.txt -e '.[benchmarks]'``; ne
   DataLoader, 2 workers, batch 32; S3. It fetches one object at a time per worker, so it runs
   on the first 512 objects only, and says so.
 
-Target (issue 11): asyncload's whole run >= 0.8 of the raw loop over HTTP and over S3.
+Targets: asyncload's whole run >= 0.8 of the raw loop over HTTP and over S3 (issue 11), and
+>= 0.85 in every one of 5 runs on a quiet machine (issue 32).
 
     .venv/bin/python benchmarks/bench_wholerun.py           # about two minutes
     .venv/bin/python benchmarks/bench_wholerun.py --quick   # smoke run, 256 objects
@@ -381,8 +382,8 @@ def main(argv: list[str] | None = None) -> int:
     print()
     for transport in dict.fromkeys(t for t, row in plan if row == "loader"):
         ratio = results[transport, "loader"]["rate"] / results[transport, "raw"]["rate"]
-        verdict = "met" if ratio >= 0.8 else "MISSED"
-        print(f"target: {transport} loader / raw loop >= 0.8: {ratio:.2f} {verdict}")
+        verdict = "met" if ratio >= 0.85 else ("MISSED #32's 0.85" if ratio >= 0.8 else "MISSED")
+        print(f"target: {transport} loader / raw loop >= 0.85 (0.8): {ratio:.2f} {verdict}")
     return 0
 
 
