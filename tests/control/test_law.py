@@ -33,7 +33,6 @@ Figures of the control law on these stores (simulated, one worker unless said):
 from __future__ import annotations
 
 import asyncio
-import math
 from typing import Any
 
 import pytest
@@ -44,7 +43,6 @@ from asyncload._control import (
     LimitController,
     LimitState,
     Outcome,
-    PrefixLimits,
 )
 
 from .._simstore import (
@@ -474,18 +472,3 @@ async def test_a_cancelled_waiter_gives_its_slot_back() -> None:
     assert limiter.controller.in_flight == 0
     await asyncio.wait_for(limiter.acquire(), 5)  # the slot is free
     assert limiter.controller.in_flight == 1
-
-
-def test_prefix_limits_keep_one_controller_per_prefix_and_share_states() -> None:
-    clock = [0.0]
-    limits = PrefixLimits(cap=64, clock=lambda: clock[0])
-    a = limits.limiter("s3://bucket/a")
-    assert limits.limiter("s3://bucket/a") is a
-    assert limits.limiter("s3://bucket/b") is not a
-    states = limits.export()
-    assert set(states) == {"s3://bucket/a", "s3://bucket/b"}
-    # A state for a prefix not read yet is kept for when it is.
-    limits.merge({"gs://other/c": LimitState(limit=30.0, base_latency=0.02)})
-    assert limits.limiter("gs://other/c").controller.limit == 30
-    assert limits.stats()["gs://other/c"].phase == "steady"
-    assert math.isclose(limits.stats()["gs://other/c"].base_latency or 0.0, 0.02)

@@ -10,7 +10,7 @@ semaphore built on it; ``_engine/slots.py`` is where a worker uses them.
 from __future__ import annotations
 
 from .law import LimitController
-from .limiter import AdaptiveLimiter, PrefixLimits
+from .limiter import AdaptiveLimiter
 from .values import ControlConfig, LimitState, LimitStats, Outcome
 
 __all__ = [
@@ -20,5 +20,4 @@ __all__ = [
     "LimitState",
     "LimitStats",
     "Outcome",
-    "PrefixLimits",
 ]

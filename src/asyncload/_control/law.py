@@ -1,9 +1,16 @@
-"""How many requests one worker keeps in flight to one storage prefix, found while reading.
+"""How many requests one worker keeps in flight, found while reading.
 
 A fixed ``max_concurrency`` is wrong somewhere: too low on a slow store, too high where the
 worker's CPU is the bottleneck, fatal where the store throttles (issue #33: two loaders of two
 workers at 128 each drove a 2,000 GETs/s store to 37% ``503 SlowDown`` and both died). Here the
-limit is found per worker and per prefix, from what the answers say.
+limit is found per worker, from what the answers say.
+
+One limit per worker, not one per storage prefix: a worker's samples come in the sampler's
+order, and a dataset that reads several prefixes (a ``Mix``, an image and its label from two
+stores) needs them in fixed proportions. The slowest prefix then bounds the rate of all of
+them, whatever each one's limit. A throttle from one prefix cuts the worker's limit, and by
+Little's law every prefix's requests in flight shrink in proportion (``rate x latency`` each),
+which is what the proportions need. Limits per prefix would only change which requests wait.
 
 The control law (``LimitController``), once per epoch (the answers to requests sent since the
 last decision: at least 16, at most 64, so about one round trip):
@@ -81,7 +88,7 @@ __all__ = ["LimitController"]
 
 
 class LimitController:
-    """The in-flight limit of one worker for one storage prefix: pure, with the clock passed in.
+    """The in-flight limit of one worker: pure, with the clock passed in.
 
     The caller reports each request's start (``started``) and answer (``finished``) with the
     time; the controller never sleeps, reads a clock, or does I/O, so it runs the same under
@@ -90,7 +97,7 @@ class LimitController:
     Args:
         config: The control law's constants.
         cap: An explicit ``max_concurrency``: the limit never exceeds it.
-        learned: What earlier workers learned about this prefix (a pass's configuration):
+        learned: What earlier workers learned about the store (a pass's configuration):
             start there instead of from ``config.initial``, without a slow start.
         now: The current time.
 
@@ -261,7 +268,7 @@ class LimitController:
         )
 
     def merge(self, state: LimitState, now: float) -> None:
-        """Take in what the loader's other workers learned of the same prefix during a pass.
+        """Take in what the loader's other workers learned of the same store during a pass.
 
         They read the same store, so a throttle one of them saw and this one has not answered
         yet is this one's too: cut. Otherwise move halfway to their limit, so that workers

@@ -1,8 +1,7 @@
-"""An asyncio semaphore sized by a ``LimitController``, one per worker or per storage prefix.
+"""An asyncio semaphore sized by a ``LimitController``: one per worker (``_engine/slots.py``).
 
 ``AdaptiveLimiter`` admits requests while fewer than the controller's limit are in flight
-(first come, first served) and reports each answer to it; ``PrefixLimits`` keeps one per
-prefix with the states to share between workers.
+(first come, first served) and reports each answer to it.
 """
 
 from __future__ import annotations
@@ -10,12 +9,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
 from .law import LimitController
-from .values import ControlConfig, LimitState, LimitStats, Outcome
+from .values import Outcome
 
-__all__ = ["AdaptiveLimiter", "PrefixLimits"]
+__all__ = ["AdaptiveLimiter"]
 
 
 class AdaptiveLimiter:
@@ -114,75 +113,3 @@ class AdaptiveLimiter:
                 # must see this slot taken.
                 c.started(self._now())
                 waiter.set_result(None)
-
-
-class PrefixLimits:
-    """One ``AdaptiveLimiter`` per storage prefix of a worker, with their states to share.
-
-    Args:
-        config: The control law's constants for every prefix.
-        cap: The user's ``max_concurrency`` (per prefix), if any.
-        learned: States by prefix from earlier workers (the pass's configuration).
-        clock: The time source (the event loop's by default).
-
-    Examples:
-        >>> limits = PrefixLimits(cap=16, clock=lambda: 0.0)
-        >>> limits.limiter("s3://bucket/train").controller.limit
-        8
-        >>> sorted(limits.export())
-        ['s3://bucket/train']
-    """
-
-    # More prefixes than this means the keys are not prefixes (say, whole object keys):
-    # forget the oldest rather than grow without bound.
-    MAX_PREFIXES = 256
-
-    def __init__(
-        self,
-        config: ControlConfig | None = None,
-        *,
-        cap: int | None = None,
-        learned: Mapping[str, LimitState] | None = None,
-        clock: Callable[[], float] | None = None,
-    ) -> None:
-        self.config = config or ControlConfig()
-        self.cap = cap
-        self._learned = dict(learned or {})
-        self._clock = clock or time.monotonic
-        self._limiters: dict[str, AdaptiveLimiter] = {}
-
-    def limiter(self, prefix: str) -> AdaptiveLimiter:
-        """The limiter of *prefix*, made on first use from what was learned of it."""
-        found = self._limiters.get(prefix)
-        if found is not None:
-            return found
-        if len(self._limiters) >= self.MAX_PREFIXES:
-            for key, old in self._limiters.items():
-                if old.controller.in_flight == 0:
-                    del self._limiters[key]
-                    break
-        controller = LimitController(
-            self.config, cap=self.cap, learned=self._learned.get(prefix), now=self._clock()
-        )
-        made = self._limiters[prefix] = AdaptiveLimiter(controller, clock=self._clock)
-        return made
-
-    def export(self) -> dict[str, LimitState]:
-        """Every prefix's state, for the main process."""
-        return {p: lim.controller.export() for p, lim in self._limiters.items()}
-
-    def merge(self, states: Mapping[str, LimitState]) -> None:
-        """Take in the other workers' states of the prefixes this worker reads."""
-        now = self._clock()
-        for prefix, state in states.items():
-            found = self._limiters.get(prefix)
-            if found is not None:
-                found.controller.merge(state, now)
-                found.wake()
-            else:
-                self._learned[prefix] = state
-
-    def stats(self) -> dict[str, LimitStats]:
-        """Every prefix's figures."""
-        now = self._clock()
-        return {p: lim.controller.stats(now) for p, lim in self._limiters.items()}

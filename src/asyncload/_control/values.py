@@ -1,7 +1,7 @@
 """What goes into a ``LimitController`` and what comes out of it, as plain values.
 
 Into it: ``Outcome`` (what one answer says) and ``ControlConfig`` (the control law's constants).
-Out of it: ``LimitState`` (what it learned about a prefix, which travels from the workers to
+Out of it: ``LimitState`` (what it learned about the store, which travels from the workers to
 the main process and on to other controllers) and ``LimitStats`` (its figures, for
 ``loader.stats()`` and the bench). The law itself, which reads and makes these, is ``law``'s.
 """
@@ -108,7 +108,7 @@ class ControlConfig:
 
 @dataclass(frozen=True, slots=True)
 class LimitState:
-    """What a controller learned about a prefix, to start or steer another one with.
+    """What a controller learned about the store, to start or steer another one with.
 
     A worker exports it (``LimitController.export``), the main process combines its workers'
     (``combine``) and hands the result to the next pass's workers (``LimitController(...,
@@ -169,7 +169,7 @@ class LimitState:
         )
 
     def for_workers(self, workers: int) -> LimitState:
-        """The per-worker share when the same prefix is read by *workers* workers instead.
+        """The per-worker share when the same store is read by *workers* workers instead.
 
         What the store allows is for all the workers together, so the share scales inversely.
         """
