@@ -38,12 +38,17 @@ last decision: at least 16, at most 64, so about one round trip):
   0.8 of it at once, once per overload (answers to requests sent before the cut do not cut
   again); in slow start, to half of it, taking back the doubling that overshot (four workers
   starting together on a 2,000/s bucket: 6% of the first second's answers throttled, 11% with
-  a cut to 0.8; ``bench_autotune`` (c): 69-97 throttles at the start instead of 140-166).
+  a cut to 0.8; ``bench_autotune`` (c): 63-97 throttles in its first 0.5 s instead of 119-187).
   The limit then follows CUBIC's curve: concave back to the throttled limit in 0.75 s, flat
   around it, convex beyond; 1.5 times past it with no throttle, the allowance rose and
   growth goes back to 10% per epoch. ``Retry-After`` freezes growth for as long as the server
   asked (the request itself waits in the retry path). Throttled below the last ceiling, the
-  ceiling drops to the middle (CUBIC's fast convergence), so workers sharing a store even out.
+  ceiling drops to the middle (CUBIC's fast convergence), so workers sharing a store come
+  closer, slowly: the curve scales with each worker's own limit, so a cut and its regrowth
+  keep the ratio between two loaders that share nothing (``bench_autotune`` (c): one loader
+  keeps 55-65% of the rate in some runs). TCP CUBIC's curve, in requests per second cubed
+  and the same for every worker, would even them out; it made the simulated 2,000 -> 500/s
+  change take 5.3 s, so it is not used.
 * **Caps and signals.** An explicit ``max_concurrency`` bounds every value the limit takes.
   While the worker's own CPU is what bounds it (``cpu_bound``: its loop or its CPU lane busy,
   ``_engine/cpu_load.py``), latency rises with its own queue: Vegas stops at that knee as at
