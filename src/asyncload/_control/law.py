@@ -373,20 +373,18 @@ class LimitController:
         if self._probe_return is not None:  # a throttle says more than the probe would
             self._limit, self._probe_return = self._probe_return, None
         limit = self._limit
-        if self._slow_start:
-            # The last doubling is what overshot: take it back, as TCP's slow start halves on a
-            # loss. A cut to 0.8 of it would leave workers that doubled together at 1.6 times
-            # what passed, to be throttled again in the next round trip (module doc).
-            self._ceiling = limit
-            self._limit = self._clamp(limit / cfg.slow_start)
         # CUBIC's fast convergence: throttled below the last ceiling means others took part of
         # the store's allowance; aim lower so that they can keep it.
-        elif self._ceiling is not None and limit < self._ceiling:
+        if not self._slow_start and self._ceiling is not None and limit < self._ceiling:
             self._ceiling = limit * (1 + cfg.backoff) / 2
-            self._limit = self._clamp(limit * cfg.backoff)
         else:
             self._ceiling = limit
-            self._limit = self._clamp(limit * cfg.backoff)
+        # In slow start the last doubling is what overshot: take it back, as TCP's slow start
+        # halves on a loss. A cut to 0.8 of it would leave workers that doubled together at 1.6
+        # times what passed, to be throttled again in the next round trip (module doc).
+        self._limit = self._clamp(
+            limit / cfg.slow_start if self._slow_start else limit * cfg.backoff
+        )
         self._cut_at = now
         self._quiet_until = now  # answers to requests sent before the cut do not cut again
         self._slow_start = False

@@ -165,8 +165,9 @@ class Slots:
         """Give a slot back. *granted* and *ok* tell an adaptive limit the sample's latency
         and outcome (``ok=None``: it was not fetched, or was cancelled: nothing to learn)."""
         if self._fixed is not None:
+            # No measure here: each sample starts with acquire or handoff, which measure with
+            # the clock they read anyway.
             self._fixed.release()
-            self._load.sample(time.monotonic())
             return
         assert self._limiter is not None
         if granted is None or ok is None:
