@@ -36,8 +36,10 @@ its own process, here serving the generated files instead of its pseudo-random b
 Columns: whole-run samples/s (``iter()`` to the last batch); CPU ms/sample of the benchmark's
 own process tree (the row's interpreter plus every descendant: workers, forkserver, pool
 processes; user + system, reaped children included; the object server is NOT counted, it
-stands in for remote storage) and, separately, the object server's CPU ms/sample; the ratios
-to torch over local files and to the CPU ceiling of the same pipeline. Every row checks that
+stands in for remote storage) and, separately, the object server's CPU ms/sample; the share
+of the machine's CPU time that was idle during the row (``/proc/stat``; ``-`` for the ceiling,
+whose processes load before they start, and where there is no ``/proc``); the ratios to torch
+over local files and to the CPU ceiling of the same pipeline. Every row checks that
 each sample index arrived exactly once and that shapes and dtypes are right.
 
     .venv/bin/python benchmarks/bench_pipeline.py                # every row, 3 rounds (~10 min)
@@ -305,6 +307,25 @@ def _tree_cpu() -> float:
     return total
 
 
+def _machine_times() -> tuple[int, int] | None:
+    """(all, idle) CPU ticks of the whole machine since boot (``/proc/stat``); ``None`` where
+    there is none. Idle counts I/O wait too: a core with nothing to run."""
+    try:
+        with open("/proc/stat") as f:
+            ticks = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    return sum(ticks), ticks[3] + ticks[4]
+
+
+def _idle_share(before: tuple[int, int] | None) -> float | None:
+    """The machine's share of CPU time idle since *before* (``_machine_times``)."""
+    after = _machine_times()
+    if before is None or after is None or after[0] <= before[0]:
+        return None
+    return (after[1] - before[1]) / (after[0] - before[0])
+
+
 def _check(kind: str, batches_ids: list[int], n: int) -> None:
     if len(batches_ids) != n or sorted(batches_ids) != list(range(n)):
         seen = set(batches_ids)
@@ -319,6 +340,7 @@ def _timed_epoch(loader: Iterable[Any], kind: str, n: int, build_s: float) -> No
     """One pass of *loader* built *build_s* before ``iter()``; checks every index exactly once."""
     shape, dtype = SHAPES[kind]
     time.sleep(build_s)  # the user builds the model
+    machine0 = _machine_times()
     cpu0 = _tree_cpu()
     t0 = time.perf_counter()
     first = 0.0
@@ -331,8 +353,9 @@ def _timed_epoch(loader: Iterable[Any], kind: str, n: int, build_s: float) -> No
         ids.extend(index.tolist())
     elapsed = time.perf_counter() - t0
     cpu = _tree_cpu() - cpu0  # before the loader's workers are gone
+    idle = _idle_share(machine0)
     _check(kind, ids, n)
-    _result(rate=n / elapsed, first=first, cpu_ms=cpu * 1000 / n)
+    _result(rate=n / elapsed, first=first, cpu_ms=cpu * 1000 / n, idle=idle)
 
 
 def _paths(folder: Path, kind: str, n: int) -> Any:
@@ -378,7 +401,7 @@ def _child_ceiling(spec: dict[str, Any]) -> None:
     elapsed = max(g[1] for g in got) - min(g[0] for g in got)
     ids = [i for g in got for i in g[3]]
     _check(kind, ids, n)
-    _result(rate=n / elapsed, first=0.0, cpu_ms=sum(g[2] for g in got) * 1000 / n)
+    _result(rate=n / elapsed, first=0.0, cpu_ms=sum(g[2] for g in got) * 1000 / n, idle=None)
 
 
 def _child_torch_local(spec: dict[str, Any]) -> None:
@@ -696,20 +719,26 @@ def _print(
         key: {m: statistics.median(r[m] for r in got) for m in ("rate", "cpu_ms", "server_ms")}
         for key, got in runs.items()
     }
+    for key, got in runs.items():
+        idles = [r["idle"] for r in got if r.get("idle") is not None]
+        med[key]["idle"] = statistics.median(idles) if idles else math.nan
     print(
         f"\nWhole runs, batch {BATCH}, {WORKERS} workers, loaders built {build_s:g} s before "
         f"iter(), fresh interpreter per row, median of {rounds} round(s) per column; "
         f"load average {load0[0]:.2f} before, {load1[0]:.2f} after ({os.cpu_count()} CPUs).\n"
         "CPU ms/sample: the row's process tree (main + workers + their children), user + system;"
-        "\nserver ms/sample: the loopback object server's, not counted in the row's.\n"
+        "\nserver ms/sample: the loopback object server's, not counted in the row's;\n"
+        "idle: the machine's share of CPU time with nothing to run during the row (where a row "
+        "bound by the CPU\nloses to one over local files with little idle, it is latency hiding "
+        "that is missing, not CPU).\n"
     )
     for kind in dict.fromkeys(k for k, *_ in runs):
         print(f"{kind}: {sizes[kind]} samples")
         print(
-            "| transport | latency | row | samples/s | CPU ms/sample | server ms/sample "
+            "| transport | latency | row | samples/s | CPU ms/sample | server ms/sample | idle "
             "| / torch local | / ceiling |"
         )
-        print("|---|---|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|---|---|")
         torch_local = med.get((kind, "torch-local", "local", "-"), {}).get("rate")
         ceiling = med.get((kind, "ceiling", "local", "-"), {}).get("rate")
         for (k, row, transport, latency), m in med.items():
@@ -718,9 +747,10 @@ def _print(
             vs_torch = f"{m['rate'] / torch_local:.2f}" if torch_local else "-"
             vs_ceiling = f"{m['rate'] / ceiling:.2f}" if ceiling else "-"
             server = f"{m['server_ms']:.2f}" if transport != "local" else "-"
+            idle = "-" if math.isnan(m["idle"]) else f"{m['idle']:.0%}"
             print(
                 f"| {transport} | {latency} | {LABELS[row]} | {m['rate']:,.0f} "
-                f"| {m['cpu_ms']:.2f} | {server} | {vs_torch} | {vs_ceiling} |"
+                f"| {m['cpu_ms']:.2f} | {server} | {idle} | {vs_torch} | {vs_ceiling} |"
             )
         print()
         _targets(kind, med)
