@@ -17,6 +17,7 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 
+from .._control import turns as _turns
 from .._exceptions import InvalidURL
 from .._stats import loader_stats as _stats
 from . import cache as _cache
@@ -146,6 +147,9 @@ async def read(url: str, *, start: int | None = None, end: int | None = None) ->
     else:
         data = await _fetch(backend, url, start, end, options)
     _stats.note_bytes(len(data))
+    # What the caller does next is often a decode, inline: let the loop read the answers that
+    # arrived meanwhile first, if it has been busy (``_control/turns.py``).
+    await _turns.pause_if_busy()
     return data
 
 

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 import torch.utils.data
 
+from .._control import turns as _turns
 from .._dataset import cpu as _cpu
 from .._dataset import sharding as _sharding
 from .._engine import Engine, WorkerConfig
@@ -278,7 +279,9 @@ def run_engine(
         engine = loop.run_until_complete(_make_engine(cfg, put, where, recorder))
         inbox: asyncio.Queue[object] = asyncio.Queue()
         started(loop, inbox)
-        with _cpu.using(lane):  # the engine's tasks copy this context
+        # The engine's tasks copy this context: the lane, and the loop's turns that a read
+        # yields to before an inline decode (_control/turns.py).
+        with _cpu.using(lane), _turns.using(_turns.LoopTurns()):
             loop.run_until_complete(engine.run(inbox))
     finally:
         lane.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,114 @@
+"""A finished read waits for the loop's next poll when inline CPU work kept the loop from it.
+
+No network: the loop's own timers stand in for answers that arrived (both are handled right
+after a poll), and busy-waits for decodes. Counts, not durations, are asserted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+import uvloop
+
+import asyncload
+from asyncload._control import turns as _turns
+
+pytestmark = pytest.mark.timeout(30)
+
+T = TypeVar("T")
+
+DECODES = 20
+DECODE_S = 0.002
+
+
+def _decode() -> None:
+    end = time.perf_counter() + DECODE_S
+    while time.perf_counter() < end:  # CPU work that holds the loop, as an inline decode
+        pass
+
+
+async def _burst(loop_turns: _turns.LoopTurns | None) -> int:
+    """*DECODES* samples whose reads finished together, each decoded inline after its read;
+    how many were decoded before a timer due 1 ms in (an answer that arrived) was handled."""
+    decoded = 0
+    seen: list[int] = []
+
+    async def sample() -> None:
+        nonlocal decoded
+        await _turns.pause_if_busy()  # where storage.read ends
+        _decode()
+        decoded += 1
+
+    async def run() -> None:
+        asyncio.get_running_loop().call_later(0.001, lambda: seen.append(decoded))
+        await asyncio.gather(*(sample() for _ in range(DECODES)))
+
+    if loop_turns is None:
+        await run()
+    else:
+        with _turns.using(loop_turns):
+            await run()
+    return seen[0]
+
+
+def _on_uvloop(coro: Coroutine[Any, Any, T]) -> T:
+    # A worker's loop (``_workers/child.py``): uvloop runs timers and I/O callbacks at the start
+    # of every turn, before the ready tasks; asyncio's own loop queues them behind those.
+    loop = uvloop.new_event_loop()
+    try:
+        return loop.run_until_complete(coro)
+    finally:
+        loop.close()
+
+
+def test_a_burst_of_inline_decodes_lets_the_loop_poll_within_the_budget() -> None:
+    # Without turns, the whole burst runs in one turn of the loop: the answer waits for all.
+    assert _on_uvloop(_burst(None)) == DECODES
+    # With them, the loop polls once the budget (5 ms) is spent: after 3-4 decodes of 2 ms.
+    assert _on_uvloop(_burst(_turns.LoopTurns(budget=0.005))) <= 5
+
+
+def test_a_loop_that_is_not_busy_never_pauses_and_then_sleeps() -> None:
+    async def main() -> tuple[int, bool]:
+        loop_turns = _turns.LoopTurns(budget=0.005)
+        with _turns.using(loop_turns):
+            for _ in range(50):  # one read per turn, nothing else to do
+                await _turns.pause_if_busy()
+                await asyncio.sleep(0)
+        await asyncio.sleep(0.01)
+        return loop_turns.pauses, loop_turns._armed
+
+    pauses, armed = asyncio.run(main())
+    assert pauses == 0
+    assert not armed  # no callback left queued: an idle loop is not kept awake
+
+
+def test_outside_an_engine_reads_never_pause() -> None:
+    async def main() -> bool:
+        task = asyncio.ensure_future(_turns.pause_if_busy())
+        await asyncio.sleep(0)  # one turn: done if it never suspended
+        return task.done()
+
+    assert _turns.turns.get() is None
+    assert asyncio.run(main())
+
+
+def test_storage_reads_pause_on_a_busy_loop(tmp_path: Path) -> None:
+    path = tmp_path / "blob"
+    path.write_bytes(b"x" * 1000)
+
+    async def main() -> int:
+        loop_turns = _turns.LoopTurns(budget=0.0)  # any work at all is "busy"
+        with _turns.using(loop_turns):
+            # Finished in one turn (a file in the page cache is read inline): the first read
+            # starts watching the turn, the others find it past the budget.
+            got = await asyncio.gather(*(asyncload.read(str(path)) for _ in range(4)))
+        assert got == [b"x" * 1000] * 4
+        return loop_turns.pauses
+
+    assert asyncio.run(main()) >= 1
