@@ -10,11 +10,18 @@ their fetch slots meanwhile: the requests actually on the wire drain, and then t
 them. ``bench_pipeline``'s JPEGs over HTTP at 50 ms (2 workers, 2 cores) left 8-11% of the
 machine idle, against 1% over local files.
 
-So a finished read (``_storage/api.py``) lets the loop poll first when more than ``TURN_BUDGET``
-has passed since it last did: the sample's decode waits for the next turn, and the answers
-that arrived meanwhile are read in this one. Measured there (6,144 images, medians of 6 runs):
-1,197 images/s against 1,140, 4.8% of the machine idle against 8.2%, the same CPU per image;
-over local files and on 1 KB records at 0 ms (``bench_loader`` B) no change beyond the noise.
+So a finished read (``_storage/api.py``) lets the loop poll first when its thread has run more
+than ``TURN_BUDGET`` of CPU since it last did: the sample's decode waits for the next turn, in
+whose poll the answers that arrived meanwhile are read (uvloop, a worker's loop, runs I/O
+callbacks in the poll, before the ready tasks). CPU time, not wall time: on shared cores a
+worker descheduled for 10 ms is not busy, and pausing for that (wall time) cost two loaders
+sharing a throttled store (``bench_autotune`` (c)) 5% of their goodput, median of 8 runs.
+
+Measured on the JPEG pipeline (6,144 images): 1,205-1,212 images/s in 4 runs against a median
+of 1,140 of 6 without, 3-5% of the machine idle against 8%, the same CPU per image; at 2,048
+images 1,098-1,133 against 1,043-1,056 at 50 ms and 1,021-1,044 against 974-998 under
+log-normal latency. Over local files, on 1 KB records at 0 ms (``bench_loader`` B) and on
+``bench_autotune`` (c), no change beyond the noise.
 
 The loop's last poll is seen by a callback queued with ``call_soon``, which runs right after
 the next poll; one is queued at a time, and only while reads finish, so an idle loop stays idle.
@@ -34,16 +41,17 @@ from collections.abc import Iterator
 __all__ = ["TURN_BUDGET", "LoopTurns", "pause_if_busy", "turns", "using"]
 
 TURN_BUDGET = 0.01
-"""Seconds of ready work after a poll of the loop's sockets, past which a finished read waits
-for the next poll. 5 ms gave the same images/s; 10 ms keeps small-record workers, whose turns
+"""CPU seconds of the loop's thread after a poll of its sockets, past which a finished read
+waits for the next poll. 5 ms gave the same images/s; 10 ms keeps small-record workers, whose turns
 are many cheap answers, from pausing."""
 
 
 class LoopTurns:
-    """When one event loop last polled for I/O, and a pause for work that kept it from it.
+    """When one event loop last polled for I/O (its thread's CPU clock), and a pause for work
+    that kept it from polling.
 
     Args:
-        budget: Seconds of work after a poll before ``pause_if_busy`` waits for the next one.
+        budget: CPU seconds after a poll before ``pause_if_busy`` waits for the next one.
 
     Examples:
         >>> import asyncio
@@ -67,21 +75,22 @@ class LoopTurns:
         self._armed = False
 
     def _polled(self) -> None:
-        # Queued by call_soon during a turn: runs in the next one, right after its poll.
-        self._polled_at = time.perf_counter()
+        # Queued by call_soon during a turn: runs in the next one, right after its poll. The
+        # loop's thread runs it, so thread_time is that thread's clock, as in pause_if_busy.
+        self._polled_at = time.thread_time()
         self._armed = False
 
     async def pause_if_busy(self) -> None:
-        """Wait for the loop's next poll if it has run ready work for over ``budget`` since
-        its last one; return at once otherwise."""
+        """Wait for the loop's next poll if its thread has run over ``budget`` of CPU since
+        the last one; return at once otherwise."""
         if not self._armed:
             # Nothing watches this turn yet (the loop may have slept since the last mark): it
             # has been busy since now at least; the next poll marks the turn's end.
             self._armed = True
-            self._polled_at = time.perf_counter()
+            self._polled_at = time.thread_time()
             asyncio.get_running_loop().call_soon(self._polled)
             return
-        if time.perf_counter() - self._polled_at > self.budget:
+        if time.thread_time() - self._polled_at > self.budget:
             # Once: resumed after the poll, the sample goes on. Pausing again while the turn's
             # budget is spent (by samples resumed before it) cost more CPU than it saved
             # (1,070-1,096 images/s, 1.69 ms of CPU per image against 1.53).
