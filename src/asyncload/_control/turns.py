@@ -15,13 +15,15 @@ than ``TURN_BUDGET`` of CPU since it last did: the sample's decode waits for the
 whose poll the answers that arrived meanwhile are read (uvloop, a worker's loop, runs I/O
 callbacks in the poll, before the ready tasks). CPU time, not wall time: on shared cores a
 worker descheduled for 10 ms is not busy, and pausing for that (wall time) cost two loaders
-sharing a throttled store (``bench_autotune`` (c)) 5% of their goodput, median of 8 runs.
+sharing a throttled store (``bench_autotune`` (c)) 5% of their goodput, median of 8 runs; it
+also paused under log-normal latency, where it gained 4% that CPU time does not.
 
-Measured on the JPEG pipeline (6,144 images): 1,205-1,212 images/s in 4 runs against a median
-of 1,140 of 6 without, 3-5% of the machine idle against 8%, the same CPU per image; at 2,048
-images 1,098-1,133 against 1,043-1,056 at 50 ms and 1,021-1,044 against 974-998 under
-log-normal latency. Over local files, on 1 KB records at 0 ms (``bench_loader`` B) and on
-``bench_autotune`` (c), no change beyond the noise.
+Measured on the JPEG pipeline at 50 ms: 1,205-1,212 images/s in 4 runs of 6,144 images against
+a median of 1,140 of 6 without, 3-5% of the machine idle against 8%, the same CPU per image;
+1,080-1,086 against 1,026-1,041 over 2,048 images. Under log-normal latency (p99 400 ms) and
+over local files, no change beyond the noise; ``bench_autotune`` (c) level (median 0.925 of
+the store's limit in 8 runs, 0.89 in 11 without). 1 KB records at 0 ms (``bench_loader`` B):
+94-100 µs of CPU per sample against 92-96, the check's cost where every turn is many answers.
 
 The loop's last poll is seen by a callback queued with ``call_soon``, which runs right after
 the next poll; one is queued at a time, and only while reads finish, so an idle loop stays idle.
