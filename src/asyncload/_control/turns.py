@@ -40,31 +40,34 @@ import contextvars
 import time
 from collections.abc import Iterator
 
-__all__ = ["TURN_BUDGET", "LoopTurns", "pause_if_busy", "turns", "using"]
+__all__ = ["TURN_BUDGET", "LoopTurns", "due", "turns", "using"]
 
 TURN_BUDGET = 0.01
 """CPU seconds of the loop's thread after a poll of its sockets, past which a finished read
-waits for the next poll. 5 ms gave the same images/s; 10 ms keeps small-record workers, whose turns
-are many cheap answers, from pausing."""
+waits for the next poll: a few decodes of a few milliseconds, and more cheap answers than a
+small-record worker's turn holds."""
 
 
 class LoopTurns:
-    """When one event loop last polled for I/O (its thread's CPU clock), and a pause for work
-    that kept it from polling.
+    """When one event loop last polled for I/O (its thread's CPU clock), and whether work
+    that kept it from polling should wait for the next poll.
+
+    A check, not a coroutine: it runs on every read of a worker (the per-sample path), and
+    the caller awaits ``asyncio.sleep(0)`` only when it says so.
 
     Args:
-        budget: CPU seconds after a poll before ``pause_if_busy`` waits for the next one.
+        budget: CPU seconds after a poll past which ``due`` says to wait for the next one.
 
     Examples:
         >>> import asyncio
-        >>> async def main() -> int:
+        >>> async def main() -> list[bool]:
         ...     turns = LoopTurns(budget=0.0)
-        ...     await turns.pause_if_busy()  # starts watching this turn of the loop
-        ...     await turns.pause_if_busy()  # the same turn, past the budget: waits
-        ...     await turns.pause_if_busy()  # a new turn: starts watching it
-        ...     return turns.pauses
+        ...     first = turns.due()  # starts watching this turn of the loop
+        ...     second = turns.due()  # the same turn, past the budget
+        ...     await asyncio.sleep(0)  # the next turn, after a poll
+        ...     return [first, second, turns.due()]
         >>> asyncio.run(main())
-        1
+        [False, True, False]
     """
 
     __slots__ = ("_armed", "_polled_at", "budget", "pauses")
@@ -72,32 +75,34 @@ class LoopTurns:
     def __init__(self, budget: float = TURN_BUDGET) -> None:
         self.budget = budget
         self.pauses = 0
-        """Reads that waited for the next poll."""
+        """Times ``due`` said to wait for the next poll."""
         self._polled_at = 0.0
         self._armed = False
 
     def _polled(self) -> None:
         # Queued by call_soon during a turn: runs in the next one, right after its poll. The
-        # loop's thread runs it, so thread_time is that thread's clock, as in pause_if_busy.
+        # loop's thread runs it, so thread_time is that thread's clock, as in due.
         self._polled_at = time.thread_time()
         self._armed = False
 
-    async def pause_if_busy(self) -> None:
-        """Wait for the loop's next poll if its thread has run over ``budget`` of CPU since
-        the last one; return at once otherwise."""
+    def due(self) -> bool:
+        """Whether the loop's thread has run over ``budget`` of CPU since its last poll: the
+        caller should then wait for the next one (``await asyncio.sleep(0)``). Called from a
+        task of the loop."""
         if not self._armed:
             # Nothing watches this turn yet (the loop may have slept since the last mark): it
             # has been busy since now at least; the next poll marks the turn's end.
             self._armed = True
             self._polled_at = time.thread_time()
             asyncio.get_running_loop().call_soon(self._polled)
-            return
-        if time.thread_time() - self._polled_at > self.budget:
-            # Once: resumed after the poll, the sample goes on. Pausing again while the turn's
-            # budget is spent (by samples resumed before it) cost more CPU than it saved
-            # (1,070-1,096 images/s, 1.69 ms of CPU per image against 1.53).
-            self.pauses += 1
-            await asyncio.sleep(0)
+            return False
+        # Once per read: resumed after the poll, the sample goes on. Waiting again while the
+        # turn's budget is spent (by samples resumed before it) cost more CPU than it saved
+        # (1,070-1,096 images/s, 1.69 ms of CPU per image against 1.53).
+        if time.thread_time() - self._polled_at <= self.budget:
+            return False
+        self.pauses += 1
+        return True
 
 
 turns: contextvars.ContextVar[LoopTurns | None] = contextvars.ContextVar(
@@ -106,11 +111,10 @@ turns: contextvars.ContextVar[LoopTurns | None] = contextvars.ContextVar(
 """The running engine's ``LoopTurns`` (``None`` outside one)."""
 
 
-async def pause_if_busy() -> None:
-    """``LoopTurns.pause_if_busy`` of the running engine's loop; nothing outside an engine."""
+def due() -> bool:
+    """``LoopTurns.due`` of the running engine's loop; ``False`` outside an engine."""
     current = turns.get()
-    if current is not None:
-        await current.pause_if_busy()
+    return current is not None and current.due()
 
 
 @contextlib.contextmanager

@@ -13,6 +13,7 @@ themselves.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
@@ -149,7 +150,8 @@ async def read(url: str, *, start: int | None = None, end: int | None = None) ->
     _stats.note_bytes(len(data))
     # What the caller does next is often a decode, inline: let the loop read the answers that
     # arrived meanwhile first, if it has been busy (``_control/turns.py``).
-    await _turns.pause_if_busy()
+    if _turns.due():
+        await asyncio.sleep(0)
     return data
 
 
