@@ -98,6 +98,24 @@ def test_a_loop_that_is_not_busy_never_pauses_and_then_sleeps() -> None:
     assert not armed  # no callback left queued: an idle loop is not kept awake
 
 
+def test_a_turn_long_in_wall_time_but_not_in_cpu_time_does_not_pause() -> None:
+    # A worker descheduled on shared cores (here: a blocking sleep) was not busy: its turn is
+    # long on the wall clock, which the check reads first, and short on the thread's CPU clock,
+    # which decides.
+    async def main() -> tuple[bool, bool, int]:
+        loop_turns = _turns.LoopTurns(budget=0.005)
+        loop_turns.due()  # starts watching this turn
+        time.sleep(0.02)  # 20 ms of wall time, next to no CPU
+        descheduled = loop_turns.due()
+        _decode()
+        _decode()
+        _decode()  # 6 ms of CPU: past the budget on both clocks
+        busy = loop_turns.due()
+        return descheduled, busy, loop_turns.pauses
+
+    assert asyncio.run(main()) == (False, True, 1)
+
+
 def test_outside_an_engine_reads_never_pause() -> None:
     async def main() -> list[bool]:
         said = []
