@@ -25,7 +25,8 @@ over local files, no change beyond the noise; ``bench_autotune`` (c) level (medi
 the store's limit in 8 runs, 0.89 in 11 without). 1 KB records at 0 ms (``bench_loader`` B):
 94-100 µs of CPU per sample against 92-96, the check's cost where every turn is many answers;
 since then the check reads the thread's CPU clock (a system call) only once the turn's wall time
-is past the budget: 185 ns a check instead of 590, 32 checks a turn (``LoopTurns.due``).
+is past the budget, and the poll's callback reads none: 160 ns a check instead of 590, 32
+checks a turn (``LoopTurns.due``).
 
 The loop's last poll is seen by a callback queued with ``call_soon``, which runs right after
 the next poll; one is queued at a time, and only while reads finish, so an idle loop stays idle.
@@ -72,21 +73,22 @@ class LoopTurns:
         [False, True, False]
     """
 
-    __slots__ = ("_armed", "_polled_at", "_polled_wall", "budget", "pauses")
+    __slots__ = ("_armed", "_busy_cpu", "_busy_wall", "budget", "pauses")
 
     def __init__(self, budget: float = TURN_BUDGET) -> None:
         self.budget = budget
         self.pauses = 0
         """Times ``due`` said to wait for the next poll."""
-        self._polled_at = 0.0
-        self._polled_wall = 0.0
+        # When the watched turn's work began (the first read that finished in it), on the loop
+        # thread's CPU clock and on the wall clock.
+        self._busy_cpu = 0.0
+        self._busy_wall = 0.0
         self._armed = False
 
     def _polled(self) -> None:
-        # Queued by call_soon during a turn: runs in the next one, right after its poll. The
-        # loop's thread runs it, so thread_time is that thread's clock, as in due.
-        self._polled_at = time.thread_time()
-        self._polled_wall = time.perf_counter()
+        # Queued by call_soon during a turn: runs in the next one, right after its poll, which
+        # ends the watched turn. It reads no clock: the next read that finishes marks when the
+        # new turn's work began (due), and nothing reads the marks before then.
         self._armed = False
 
     def due(self) -> bool:
@@ -97,8 +99,9 @@ class LoopTurns:
             # Nothing watches this turn yet (the loop may have slept since the last mark): it
             # has been busy since now at least; the next poll marks the turn's end.
             self._armed = True
-            self._polled_at = time.thread_time()
-            self._polled_wall = time.perf_counter()
+            # The loop's thread runs this, so thread_time is that thread's clock.
+            self._busy_cpu = time.thread_time()
+            self._busy_wall = time.perf_counter()
             asyncio.get_running_loop().call_soon(self._polled)
             return False
         # Once per read: resumed after the poll, the sample goes on. Waiting again while the
@@ -108,8 +111,8 @@ class LoopTurns:
         # read it only once the turn's wall time is past the budget, which its CPU time can
         # only be if its wall time is too. Most reads end in a short turn and pay no call.
         if (
-            time.perf_counter() - self._polled_wall <= self.budget
-            or time.thread_time() - self._polled_at <= self.budget
+            time.perf_counter() - self._busy_wall <= self.budget
+            or time.thread_time() - self._busy_cpu <= self.budget
         ):
             return False
         self.pauses += 1
