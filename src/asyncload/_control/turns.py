@@ -92,9 +92,10 @@ class LoopTurns:
         self._armed = False
 
     def due(self) -> bool:
-        """Whether the loop's thread has run over ``budget`` of CPU since its last poll: the
-        caller should then wait for the next one (``await asyncio.sleep(0)``). Called from a
-        task of the loop."""
+        """Whether the loop's thread has run over ``budget`` of CPU in this turn, since the
+        first read that finished in it (the first call since the last poll): the caller should
+        then wait for the next poll (``await asyncio.sleep(0)``). Called from a task of the
+        loop."""
         if not self._armed:
             # Nothing watches this turn yet (the loop may have slept since the last mark): it
             # has been busy since now at least; the next poll marks the turn's end.
