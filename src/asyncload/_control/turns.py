@@ -52,8 +52,9 @@ small-record worker's turn holds."""
 
 
 class LoopTurns:
-    """When one event loop last polled for I/O (its thread's CPU clock), and whether work
-    that kept it from polling should wait for the next poll.
+    """The turns of one event loop: when the work of this one began (its first finished read
+    since a poll), and whether a read should wait for the next poll because that work ran past
+    the budget on the loop thread's CPU clock.
 
     A check, not a coroutine: it runs on every read of a worker (the per-sample path), and
     the caller awaits ``asyncio.sleep(0)`` only when it says so.
