@@ -69,17 +69,21 @@ def _workers() -> int:
     return count
 
 
+def _shm_names() -> set[str]:
+    """multiprocessing's semaphores (``sem.mp-*``) and torch's shared-memory blocks."""
+    try:
+        return {n for n in os.listdir("/dev/shm") if "mp-" in n or "torch" in n}
+    except OSError:
+        return set()
+
+
 def measure() -> dict[str, float]:
     me = psutil.Process()
-    try:
-        shm = sum("mp-" in n or "torch" in n for n in os.listdir("/dev/shm"))
-    except OSError:
-        shm = 0
     return {
         "processes": _workers(),
         "threads": sum(t.name.startswith("asyncload") for t in threading.enumerate()),
         "fds": me.num_fds(),
-        "shm": shm,
+        "shm": len(_shm_names()),
         "rss_mib": round(me.memory_info().rss / 2**20, 1),
     }
 
@@ -117,6 +121,7 @@ def run(count: int) -> dict[str, Any]:
     reaper.drain(30)
     time.sleep(1.0)
     base = measure()
+    base_shm = _shm_names()
     peak = dict(base)
     t0 = time.monotonic()
     combos = itertools.cycle(itertools.product(WAYS, (2, 4), (False, True), (False, True)))
@@ -126,15 +131,27 @@ def run(count: int) -> dict[str, Any]:
             now = measure()
             peak = {k: max(v, now[k]) for k, v in peak.items()}
     took = time.monotonic() - t0
-    gc.collect()
-    reaper.drain(60)
     deadline = time.monotonic() + 30
     while True:
+        # What a program's own collections and the reaper leave, after they have run as often
+        # as cleanup takes: a pass the collector found in a cycle is stopped by the reaper,
+        # which then drops its objects, and those in a cycle of their own (holding a queue's
+        # semaphores, say) wait for the next collection.
+        gc.collect()
+        reaper.drain(60)
         after = measure()
-        if after["processes"] <= base["processes"] or time.monotonic() > deadline:
+        settled = after["processes"] <= base["processes"] and after["shm"] <= base["shm"]
+        if settled or time.monotonic() > deadline:
             break
         time.sleep(0.1)
-    return {"loaders": count, "seconds": round(took, 1), "base": base, "peak": peak, "after": after}
+    return {
+        "loaders": count,
+        "seconds": round(took, 1),
+        "base": base,
+        "peak": peak,
+        "after": after,
+        "shm_left": sorted(_shm_names() - base_shm),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -178,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'':10}" + "".join(f"{k:>11}" for k in out["base"]))
     for row in ("base", "peak", "after"):
         print(f"{row:10}" + "".join(f"{v:>11}" for v in out[row].values()))
+    if out["shm_left"]:
+        print(f"/dev/shm entries left: {', '.join(out['shm_left'])}")
     print(f"tracebacks on stderr: {out['tracebacks']}")
     return 0
 
