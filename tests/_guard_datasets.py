@@ -32,6 +32,22 @@ class Blocking(asyncload.Dataset[int]):
         return index
 
 
+class Busy(asyncload.Dataset[int]):
+    """Every sample spends `cpu` seconds of CPU without awaiting: a decode done inline."""
+
+    def __init__(self, n: int, cpu: float) -> None:
+        self.n, self.cpu = n, cpu
+
+    def __len__(self) -> int:
+        return self.n
+
+    async def __getitem__(self, index: int) -> int:
+        began = time.thread_time()
+        while time.thread_time() - began < self.cpu:
+            pass
+        return index
+
+
 class ForgetsAwait(asyncload.Dataset[int]):
     """Index `bad` returns a coroutine it should have awaited."""
 

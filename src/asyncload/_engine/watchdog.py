@@ -142,6 +142,12 @@ def inspect_loop(frame: FrameType | None) -> tuple[str, str, str, str] | None:
     return str(local.get("name", "")), repr(local.get("index")), location, stack.rstrip()
 
 
+def _same(a: tuple[int, object] | None, b: tuple[int, object] | None) -> bool:
+    """Whether two looks at the loop's stack saw the same sample's fetch (by identity: an index
+    may be any object, whose ``==`` need not give a bool)."""
+    return a is not None and b is not None and a[0] == b[0] and a[1] is b[1]
+
+
 class LoopMonitor:
     """Reports, through *put*, a loop held longer than *threshold* seconds (see module doc).
 
@@ -196,12 +202,15 @@ class LoopMonitor:
         if not self._stop.is_set():
             self._loop.call_later(self._interval, self._tick)
 
-    def _holder(self) -> int | None:
+    def _holder(self) -> tuple[int, object] | None:
         """Identifies the sample fetch on the loop thread's stack now (``None``: none)."""
         frame = sys._current_frames().get(self._loop_thread)
         while frame is not None:
             if frame.f_code is _FETCH_CODE:
-                return id(frame)
+                # The frame's address alone does not tell two samples apart: the frame object
+                # of a sample that finished is freed, and the next sample's is often made at
+                # the same address. Its index object, held here, cannot be reused meanwhile.
+                return id(frame), frame.f_locals.get("index")
             frame = frame.f_back
         return None
 
@@ -209,7 +218,7 @@ class LoopMonitor:
         warned = stuck_warned = reported = False
         prev = time.monotonic()
         waited = self._waited()
-        holder: int | None = None
+        holder: tuple[int, object] | None = None
         since = beat = 0.0
         while not self._stop.wait(self._interval):
             now = time.monotonic()
@@ -223,7 +232,7 @@ class LoopMonitor:
             # One loop iteration may run many short callbacks: only a sample seen on the loop
             # thread's stack at every look, with no heartbeat between, holds the loop.
             current = self._holder()
-            if current != holder or self._beat != beat:
+            if not _same(current, holder) or self._beat != beat:
                 holder, since, beat = current, now - self._interval, self._beat
             idle = now - self._beat
             # On a busy machine the loop thread may wait for a CPU for a long time: that is not
