@@ -6,14 +6,17 @@ sequence, and the only one.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import multiprocessing
 import os
 import pickle
 import queue
 import signal
+import threading
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from multiprocessing.reduction import ForkingPickler
 from typing import TYPE_CHECKING, Any
 
@@ -30,7 +33,7 @@ from . import tuning as _tuning
 from .child import worker_main
 from .pin_memory import PinMemoryThread
 from .reaper import reaper
-from .start_method.context import diagnose_pickling
+from .start_method.context import diagnose_pickling, find_unpicklable
 from .stop import DoneFlag, release_elsewhere, shared_polling, stop_processes
 
 if TYPE_CHECKING:
@@ -179,7 +182,8 @@ class ProcessWorkers:
             daemon=True,
         )
         try:
-            proc.start()
+            with _children_allowed():
+                proc.start()
             shared_polling(proc)
         except Exception as exc:
             error = _not_started(exc, sent_objects, context.get_start_method())
@@ -339,13 +343,43 @@ def _died(worker_id: int, w: Any) -> WorkerError:
     )
 
 
+_daemon_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _children_allowed() -> Iterator[None]:
+    """Let this process start workers even if it is daemonic (a ``multiprocessing.Pool``
+    worker, a ``Process(daemon=True)``), as a hyperparameter search or a data-prep pool does.
+
+    multiprocessing refuses (``AssertionError: daemonic processes are not allowed to have
+    children``) because a daemonic process is killed at its parent's exit and its children
+    would be orphaned. Ours are not: a worker watches its main process and exits within
+    ``POLL_INTERVAL`` of its death (``parent_watch``), and the fork server goes with its owner
+    too. So the flag is lifted for the start of our own processes only, and put back."""
+    process = multiprocessing.current_process()
+    if not process.daemon:
+        yield
+        return
+    with _daemon_lock:
+        config = process._config  # type: ignore[attr-defined]
+        config["daemon"] = False
+        try:
+            yield
+        finally:
+            config["daemon"] = True
+
+
 def _not_started(exc: Exception, sent_objects: dict[str, Any], method: str) -> Exception:
     """What to raise when a worker's arguments failed to pickle (or its start failed)."""
     if isinstance(exc, (OSError, RuntimeError)) and not _is_pickling_error(exc):
         return exc
     if isinstance(exc, (TypeError, AttributeError, pickle.PicklingError)):
         warnings.warn(PICKLE_WARNING, stacklevel=7)
-    return diagnose_pickling(sent_objects, method, exc)
+        return diagnose_pickling(sent_objects, method, exc)
+    # Any other error may come from a __reduce__ (a culprit to name), or from the start itself:
+    # then it is raised as it is, not as a pickling failure.
+    found = find_unpicklable(sent_objects, method)
+    return exc if found is None else found
 
 
 def _is_pickling_error(exc: BaseException) -> bool:

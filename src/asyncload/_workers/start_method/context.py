@@ -37,6 +37,7 @@ __all__ = [
     "AsyncloadWarning",
     "diagnose_pickling",
     "early_context",
+    "find_unpicklable",
     "resolve_context",
     "start_early",
 ]
@@ -207,6 +208,18 @@ def _culprit(obj: Any, path: str, depth: int = 0) -> tuple[str, Any, BaseExcepti
 
 def diagnose_pickling(objects: dict[str, Any], method: str, cause: BaseException) -> NotPicklable:
     """Build a ``NotPicklable`` naming the object that can't be sent to a worker."""
+    found = find_unpicklable(objects, method)
+    if found is not None:
+        return found
+    return NotPicklable(
+        f"starting a DataLoader worker with {method!r} failed while pickling its arguments: "
+        f"{type(cause).__name__}: {cause}"
+    )
+
+
+def find_unpicklable(objects: dict[str, Any], method: str) -> NotPicklable | None:
+    """A ``NotPicklable`` naming the object of *objects* that can't be pickled; ``None`` if
+    each of them pickles."""
     for name, obj in objects.items():
         hit = _culprit(obj, name)
         if hit is None:
@@ -219,7 +232,4 @@ def diagnose_pickling(objects: dict[str, Any], method: str, cause: BaseException
             "notebook), create unpicklable resources (open files, sessions, locks) lazily inside "
             "the worker, or pass multiprocessing_context='fork'."
         )
-    return NotPicklable(
-        f"starting a DataLoader worker with {method!r} failed while pickling its arguments: "
-        f"{type(cause).__name__}: {cause}"
-    )
+    return None
