@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import asyncload
-from asyncload._loader.lookahead import LookAhead, batch_nbytes
+from asyncload._loader.lookahead import BatchSizes, LookAhead, batch_nbytes
 from asyncload._loader.pass_iterator import Pass
 from asyncload._loader.spec import PassSpec
 from asyncload._protocol.messages import IndexTask, Result
@@ -141,3 +141,86 @@ def test_a_straggling_sample_does_not_stop_later_batches(in_order: bool) -> None
 def test_prefetch_bytes_must_be_non_negative() -> None:
     with pytest.raises(ValueError, match="prefetch_bytes"):
         asyncload.DataLoader(list(range(4)), prefetch_bytes=-1)
+
+
+class InOrder(FakeWorkers):
+    """Answers in the order it was sent: no late head."""
+
+    def get(self, timeout: float) -> object | None:
+        if not self._replies:
+            time.sleep(timeout)
+            return None
+        return self._replies.pop(0)
+
+
+def _most_out(spec: PassSpec) -> tuple[int, list[Any]]:
+    """The most batches out (sent, not yet yielded) seen after each batch the loop takes."""
+    made: list[InOrder] = []
+
+    def start(spec: PassSpec, **_: Any) -> InOrder:
+        made.append(InOrder(spec))
+        return made[-1]
+
+    it = Pass(spec, start_workers=start)
+    got, most = [], 0
+    for batch in it:
+        got.append(batch)
+        sent = sum(isinstance(m, IndexTask) for _, m in made[0].sent)
+        most = max(most, sent - len(got))
+    return most, got
+
+
+def test_large_batches_are_bounded_by_bytes_beyond_torchs_two_per_worker() -> None:
+    one_batch = batch_nbytes(list(range(4)))
+    sizes = BatchSizes()  # the loader's, shared by its passes
+
+    def spec(limit: float, always: int = 1) -> PassSpec:
+        return dataclasses.replace(
+            _spec(), prefetch_bytes=int(limit), always_out_per_worker=always, batch_sizes=sizes
+        )
+
+    most, got = _most_out(spec(4.5 * one_batch))
+    # Before any batch's size is known, the whole window (3 x 2 workers) went out: 5 were
+    # left once the first was taken.
+    assert most == 5
+    assert got == _torch_order(50, 4, seed=7)
+    most, got = _most_out(spec(4.5 * one_batch))
+    assert most == 4  # the loader's next pass: 4 batches' bytes, inside the window
+    assert got == _torch_order(50, 4, seed=7)
+    most, _ = _most_out(spec(one_batch))
+    assert most == 2  # always_out_per_worker x 2 workers, whatever their bytes
+    # prefetch_factor given: the whole window is out whatever the bytes, as torch has it.
+    most, _ = _most_out(spec(one_batch, always=3))
+    assert most == 6
+
+
+class Big(asyncload.Dataset[torch.Tensor]):
+    """256 KiB tensors; counts the samples fetched."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.fetched = 0
+
+    def __len__(self) -> int:
+        return self.n
+
+    async def __getitem__(self, i: int) -> torch.Tensor:
+        await asyncio.sleep(0)
+        self.fetched += 1
+        return torch.full((64, 1024), float(i))
+
+
+def test_a_slow_training_loop_over_large_samples_holds_prefetch_bytes_not_the_window() -> None:
+    # 1 MiB batches; the default window is ceil(512 / 4) + 1 = 129 batches, the whole pass.
+    # The first pass sends it all before any batch's size is known; the next ones don't.
+    data = Big(256)
+    loader = asyncload.DataLoader(data, batch_size=4, num_workers=0, prefetch_bytes=4 << 20)
+    assert len(list(loader)) == 64
+    data.fetched = 0
+    it = iter(loader)
+    first = next(it)
+    time.sleep(0.3)  # a training step, long enough for the workers to run far ahead
+    ahead = data.fetched
+    rest = list(it)
+    assert ahead <= 4 * (1 + 4 + 1)  # the batch taken, 4 MiB out, one more while it lands
+    assert [int(b[0, 0, 0]) for b in [first, *rest]] == list(range(0, 256, 4))

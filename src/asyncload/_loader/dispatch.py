@@ -78,7 +78,11 @@ class Dispatch:
         self._sent_indices: dict[int, Any] = {}  # send_idx → indices, only with timeout > 0
         self._held: dict[int, int] = {}  # send_idx → bytes, of batches waiting in _ready
         self._lookahead = LookAhead(
-            self.spec.outstanding_per_worker * self._num_workers, self.spec.prefetch_bytes
+            self.spec.outstanding_per_worker * self._num_workers,
+            self.spec.prefetch_bytes,
+            always=(self.spec.always_out_per_worker or self.spec.outstanding_per_worker)
+            * self._num_workers,
+            sizes=self.spec.batch_sizes,
         )
         self._active = [True] * self._num_workers
         # When each worker last heard what the others learned (_share).

@@ -32,9 +32,9 @@ from .._workers import StandbySlot
 from .._workers.reaper import reaper
 from .._workers.start_method.context import early_context, start_early
 from . import state as _checkpoint
-from .lookahead import DEFAULT_PREFETCH_BYTES
+from .lookahead import DEFAULT_PREFETCH_BYTES, BatchSizes
 from .pass_iterator import Pass, State
-from .settings import outstanding_per_worker, pass_spec
+from .settings import always_out_per_worker, outstanding_per_worker, pass_spec
 
 __all__ = ["DataLoader"]
 
@@ -70,9 +70,12 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
             batches fetched but not yet yielded (keyword-only, default 1 GiB per pass; 0 keeps
             a fixed window). While the next batch waits on one slow request, the workers keep
             fetching later batches up to this bound, so request slots never idle behind a
-            straggler; ``in_order=True`` still yields in sampler order. At least
-            ``prefetch_factor`` batches per worker are always out; its default follows from
-            ``max_concurrency``: ``ceil(max_concurrency / batch_size) + 1`` (512 for ``None``).
+            straggler; ``in_order=True`` still yields in sampler order. Without
+            ``prefetch_factor``, up to ``ceil(max_concurrency / batch_size) + 1`` batches per
+            worker (512 for ``None``) are out while their bytes fit, and always 2, torch's
+            default, whatever their size (the loader's first pass sends the whole window before
+            it knows how large its batches are). With ``prefetch_factor``, that many per worker
+            are always out, as in torch.
         auto_shard: Under ``torchrun`` (``WORLD_SIZE > 1``), give a map-style dataset without
             its own sampler a ``DistributedSampler``, so each rank reads its share (keyword-only,
             default ``True``; torch's DataLoader never does this). The partition is logged once;
@@ -202,6 +205,10 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
         self._outstanding_per_worker = outstanding_per_worker(
             prefetch_factor, max_concurrency, self.num_workers, per_batch
         )
+        self._always_out_per_worker = always_out_per_worker(
+            prefetch_factor, self._outstanding_per_worker
+        )
+        self._batch_sizes = BatchSizes()  # what its passes' look-ahead learned (_lookahead)
         self._tally: _stats.Tally | None = None
         # Where the last pass's workers' adaptive limits got to (the next pass starts there).
         self._learned: dict[int, LimitState] = {}

@@ -21,7 +21,7 @@ from .._engine.slots import learned_from, most_in_flight
 from .._workers.pin_memory import accelerator_device
 from .spec import PassSpec
 
-__all__ = ["outstanding_per_worker", "pass_spec"]
+__all__ = ["always_out_per_worker", "outstanding_per_worker", "pass_spec"]
 
 
 def outstanding_per_worker(
@@ -39,6 +39,26 @@ def outstanding_per_worker(
     if prefetch_factor is not None:
         return prefetch_factor
     return math.ceil(most_in_flight(max_concurrency, num_workers) / per_batch) + 1
+
+
+TORCH_PREFETCH_FACTOR = 2
+"""torch's default ``prefetch_factor``: batches per worker out, whatever their size."""
+
+
+def always_out_per_worker(prefetch_factor: int | None, outstanding: int) -> int:
+    """Batches each worker may have out whatever bytes they hold (``_loader.lookahead``): all
+    *outstanding* where ``prefetch_factor`` is given, as torch's loader has them; by default
+    torch's 2, and more only while their bytes fit in ``prefetch_bytes``.
+
+    Examples:
+        >>> always_out_per_worker(None, 9)
+        2
+        >>> always_out_per_worker(9, 9)
+        9
+    """
+    if prefetch_factor is not None:
+        return outstanding
+    return min(TORCH_PREFETCH_FACTOR, outstanding)
 
 
 def pass_spec(loader: Any) -> PassSpec:
@@ -68,6 +88,8 @@ def pass_spec(loader: Any) -> PassSpec:
         num_workers=loader.num_workers,
         worker_options=loader._worker_options,
         outstanding_per_worker=loader._outstanding_per_worker,
+        always_out_per_worker=loader._always_out_per_worker,
+        batch_sizes=loader._batch_sizes,
         in_order=loader.in_order,
         timeout=loader.timeout,
         persistent=loader.persistent_workers,

@@ -32,6 +32,7 @@ class PassSpec:
     worker_options: WorkerOptions
     """What every worker reads as given (``_engine/options.py``)."""
     outstanding_per_worker: int
+    """Batches per worker in progress at most (the fixed window, ``_loader.lookahead``)."""
     in_order: bool
     timeout: float
     persistent: bool
@@ -39,8 +40,13 @@ class PassSpec:
     generator: torch.Generator | None
     multiprocessing_context: Any = None
     prefetch_bytes: int = 1 << 30
-    """Bytes finished-but-undelivered batches may hold beyond the fixed window
+    """Bytes the batches out may hold, beyond ``always_out_per_worker`` batches per worker
     (``_loader.lookahead``)."""
+    always_out_per_worker: int = 0
+    """Batches per worker that may be out whatever bytes they hold; 0: the whole window."""
+    batch_sizes: Any = None
+    """The loader's ``_loader.lookahead.BatchSizes``, shared by its passes (``None``: this
+    pass's own)."""
 
     sample_errors: SampleErrorPolicy = _RAISE
     learned_limit: Any = None
