@@ -14,11 +14,12 @@ so that the bound holds once they land too.
 
 The bound holds for the fixed window too, once a batch's size is known: only
 ``always_out_per_worker`` batches per worker may be out whatever their size, torch's 2 by
-default, or the whole window where ``prefetch_factor`` is given (as torch has it). Before
-that, the whole window goes out: a pass needs its full concurrency from the start, behind its
-first batch's slowest sample (sending only torch's 2 per worker until the first batch landed,
-``bench_tails``' log-normal row gave 2,379 samples/s against 2,753, one run each). Sizes are counted over the loader's passes
-(``BatchSizes``), so from its second pass on the bound holds from the start.
+default, or the whole window where ``prefetch_factor`` is given (as torch has it). Before that,
+the whole window goes out: a pass needs its full concurrency from the start, behind its first
+batch's slowest sample (sending only torch's 2 per worker until the first batch landed,
+``bench_tails``' log-normal row gave 2,379 samples/s against 2,753, one run each). Sizes are
+counted over the loader's passes (``BatchSizes``), so from its second pass on the bound holds
+from the start.
 
 Before, the whole window was always out whatever its bytes: 9 batches per worker of 64 x 3 MiB
 float tensors, read by a training loop slower than the workers, held 5.6 GiB (private memory
