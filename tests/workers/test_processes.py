@@ -60,3 +60,27 @@ def test_a_pool_worker_terminated_mid_pass_leaves_no_process(method: str, tmp_pa
     while (alive := _alive(pids)) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not alive, [" ".join(psutil.Process(p).cmdline())[-200:] for p in _alive(alive)]
+
+
+FORK_SCRIPT = SCRIPT.with_name("in_fork_child.py")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("mode", ["plain", "persistent"])
+def test_a_child_made_by_fork_starts_its_own_workers_and_leaves_the_parents(mode: str) -> None:
+    # The child inherits the loader, its live pass, its standby set and the forkserver: all the
+    # parent's. It must neither read from nor stop them, and must start its own.
+    out = subprocess.run(
+        [sys.executable, str(FORK_SCRIPT), mode],
+        capture_output=True,
+        text=True,
+        timeout=100,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout)
+    batches = [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]
+    assert got["before"] == got["child"] == got["live"] == got["after"] == batches
+    assert "was started in process" in got["stolen"]
+    assert got["exitcode"] == 0
+    assert "Traceback" not in out.stderr, out.stderr[-3000:]

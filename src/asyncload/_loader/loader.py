@@ -351,8 +351,9 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
         if not (self.persistent_workers and self.num_workers > 0) or redealt:
             return self._get_iterator()  # a re-dealt pass is never kept for the next epoch
         persistent = self._persistent_pass
-        # A pass that ended in an error closed its workers: start new ones.
-        if persistent is None or persistent.state is State.CLOSED:
+        # A pass that ended in an error closed its workers: start new ones. So does a child
+        # made by os.fork(): the workers it inherited the pass of serve its parent.
+        if persistent is None or persistent.state is State.CLOSED or not persistent.owned_here():
             persistent = self._persistent_pass = self._get_iterator()
         else:
             persistent.restart(self._state.epoch, self._IterableDataset_len_called)

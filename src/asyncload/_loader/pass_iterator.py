@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import atexit
 import enum
+import os
 import time
 import warnings
 import weakref
@@ -81,6 +82,9 @@ class Pass(Dispatch):
         # First, so that close() works whatever point __init__ fails at.
         self.state = State.RUNNING
         self._engines: Workers | None = None
+        # The process whose workers these are: a copy in a child made by os.fork() neither
+        # reads from them nor stops them (they serve the parent's training loop).
+        self._pid = os.getpid()
         self.spec = spec
         self.tally = Tally(max(1, spec.num_workers), None)
         self.learned: dict[int, LimitState] = {}
@@ -169,7 +173,17 @@ class Pass(Dispatch):
     def __len__(self) -> int:
         return spec_length(self.spec)
 
+    def owned_here(self) -> bool:
+        """Whether this process started the pass (not a child made by ``os.fork()``)."""
+        return self._pid == os.getpid()
+
     def __next__(self) -> Any:
+        if not self.owned_here():
+            raise RuntimeError(
+                f"this DataLoader pass was started in process {self._pid}, and its workers "
+                f"serve that process; this one ({os.getpid()}, made by os.fork()) must start "
+                "its own: iter(loader)"
+            )
         if self.state is State.CLOSED:
             raise RuntimeError(
                 "this DataLoader pass was closed (its workers are stopped); "
@@ -242,6 +256,8 @@ class Pass(Dispatch):
         _live.discard(self)
         if self.tally.ended is None:
             self.tally.ended = time.monotonic()
+        if not self.owned_here():
+            self._engines = None  # the parent's: it stops them
         if self._engines is not None:
             reaper.submit(self._engines.close, wait=wait)
 

@@ -100,6 +100,7 @@ class ProcessWorkers:
         self._index_queues: list[Any] = []
         self._pin_thread: PinMemoryThread | None = None
         self._replies: Any = None
+        self._owner = os.getpid()  # the process that stops them (close)
         self._context, self._slot, self._next_pass = context, standby, next_pass
         _tuning.tune_main()  # this process unpickles every batch (see _tuning)
         self._tokens = [f"{os.getpid()}-{id(self):x}-{i}-{os.urandom(4).hex()}" for i in configs]
@@ -297,6 +298,13 @@ class ProcessWorkers:
         if self._closed:
             return
         self._closed = True
+        if self._owner != os.getpid():
+            # A copy in a child made by os.fork(): the processes, their queues, done event and
+            # shared memory are the parent's, which stops them. Setting the done event or
+            # unlinking the blocks here would stop the parent's pass under it.
+            self._procs, self._index_queues = [], []
+            self._result_queue = self._done_event = self._replies = self._pin_thread = None
+            return
         self._pids, self._processes = self.pids, self.processes
         if self._pin_thread is not None:
             self._pin_thread.stop()

@@ -304,6 +304,12 @@ class StandbyBudget:
         self._held: dict[_Holder, tuple[int, float]] = {}  # slot → (processes, since)
         self._stopping: dict[object, int] = {}  # standby set → processes
 
+    def forget(self) -> None:
+        """In a child made by ``os.fork()``: the sets counted here are the parent's."""
+        self._lock = threading.RLock()  # a parent's thread may have held it at the fork
+        self._held = {}
+        self._stopping = {}
+
     def admit(self, holder: _Holder, count: int) -> bool:
         """Reserve *count* processes for *holder*; ``False``: none may be started now.
 

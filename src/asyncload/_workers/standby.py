@@ -172,6 +172,18 @@ class StandbySlot:
                     self._thread = None
             budget.release(self)
 
+    def forget(self) -> None:
+        """In a child made by ``os.fork()``: the set this copy of the slot holds or starts is
+        the parent's, to take and to stop (NOTE [ Who stops workers ]), so it is dropped
+        here. The child prepares none of its own: a fork-context ``Process`` or ``Pool``
+        worker ends without running ``atexit``, so a start under way there would be cut off
+        mid-way (its worker fails to unpickle queues whose semaphores are gone)."""
+        self._lock = threading.RLock()  # a parent's thread may have held it at the fork
+        self._thread = None
+        self._standby = None
+        self._off = True
+        self._pid = os.getpid()
+
     def _busy(self) -> bool:
         """Whether this slot holds, starts, or may not start a set now."""
         with self._lock:
@@ -296,6 +308,17 @@ def _close_at_exit() -> None:
         except Exception:  # the others still get closed; exit goes on
             pass
 
+
+def _forget_in_child() -> None:
+    # A loader copied into a child by os.fork() (a fork-context Process or Pool given a loader
+    # built here) must not take the parent's standby processes as its own, nor push them out of
+    # a budget, which would stop them under the parent's passes.
+    budget.forget()
+    for slot in list(_slots):
+        slot.forget()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
 
 # atexit runs its handlers last-registered first: this one before multiprocessing's (which
 # stops the children and the resource tracker), imported above for that.

@@ -56,7 +56,7 @@ import threading
 import traceback
 import warnings
 from collections.abc import Sequence
-from multiprocessing import forkserver, spawn, util
+from multiprocessing import forkserver, resource_tracker, spawn, util
 from typing import Any
 
 import numpy  # noqa: F401  (its BLAS pool starts when imported: part of the baseline below)
@@ -80,6 +80,41 @@ def _threads() -> set[str]:
 # the server's workers, so a fresh server is started then. Threads started before asyncload
 # was imported can't be told from that pool.
 _AT_IMPORT = _threads() if os.path.isdir(_TASKS) else set()
+
+
+def _forget_in_child() -> None:
+    # A child made by os.fork() (a fork-context Process or Pool that iterates a loader built
+    # here) inherits multiprocessing's forkserver singleton as it is in the parent: the
+    # parent's server, which ensure_running then fails to wait for ("ChildProcessError: No
+    # child processes"), and a copy of the pipe whose EOF tells that server its owner has gone.
+    # The server is the parent's: the child lets go of it and starts its own if it needs one.
+    server = forkserver._forkserver
+    alive = getattr(server, "_forkserver_alive_fd", None)
+    if getattr(server, "_forkserver_pid", None) is None:
+        return
+    server._forkserver_address = None  # type: ignore[attr-defined]
+    server._forkserver_alive_fd = None  # type: ignore[attr-defined]
+    server._forkserver_pid = None  # type: ignore[attr-defined]
+    server._lock = threading.Lock()  # type: ignore[attr-defined]
+    if alive is not None:
+        with contextlib.suppress(OSError):
+            os.close(alive)
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
+
+
+def _free_tracker_in_child() -> None:
+    # multiprocessing's resource tracker guards its pipe with a lock that a thread of the parent
+    # may hold at the fork: the reaper dropping a pass's queues (their semaphores unregister), a
+    # standby start making new ones. The child, where that thread does not run, then hangs in
+    # its first Queue() or Event() (seen: 3 child passes in 15 hung). Its copy of the tracker's
+    # pipe is usable: only the lock is the parent's.
+    tracker = resource_tracker._resource_tracker
+    tracker._lock = threading.RLock()  # type: ignore[attr-defined]
+
+
+os.register_at_fork(after_in_child=_free_tracker_in_child)
 
 
 def server_pid() -> int | None:
