@@ -252,32 +252,19 @@ async def test_a_cached_file_is_read_on_the_loop_and_a_large_one_in_a_thread(
 
 
 def _cached_pages(fd: int, size: int) -> int:
-    """How many of the file's first *size* bytes' pages are in the page cache (mincore(2) on
-    a mapping that is never touched, so asking reads nothing in)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [
-        ctypes.c_void_p,
-        ctypes.c_size_t,
-        ctypes.c_int,
-        ctypes.c_int,
-        ctypes.c_int,
-        ctypes.c_long,
-    ]
-    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
-    page = mmap.PAGESIZE
-    pages = (size + page - 1) // page
-    addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
-    if addr in (None, ctypes.c_void_p(-1).value):
-        raise OSError(ctypes.get_errno(), "mmap failed")
-    try:
-        vec = ctypes.create_string_buffer(pages)
-        if libc.mincore(addr, size, vec) != 0:
-            raise OSError(ctypes.get_errno(), "mincore failed")
-        return sum(b & 1 for b in vec.raw)
-    finally:
-        libc.munmap(addr, size)
+    """How many of the file's first *size* bytes' pages are in the page cache: mincore(2) on
+    a copy-on-write mapping that is never touched, so asking reads nothing in."""
+    mincore = ctypes.CDLL(None, use_errno=True).mincore
+    mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    vec = ctypes.create_string_buffer((size + mmap.PAGESIZE - 1) // mmap.PAGESIZE)
+    with mmap.mmap(fd, size, access=mmap.ACCESS_COPY) as mapping:
+        view = (ctypes.c_char * size).from_buffer(mapping)
+        try:
+            if mincore(ctypes.addressof(view), size, vec) != 0:
+                raise OSError(ctypes.get_errno(), "mincore failed")
+        finally:
+            del view  # the mapping can't close while a view of it lives
+    return sum(b & 1 for b in vec.raw)
 
 
 @pytest.mark.asyncio

@@ -82,8 +82,9 @@ class Pass(Dispatch):
         # First, so that close() works whatever point __init__ fails at.
         self.state = State.RUNNING
         self._engines: Workers | None = None
-        # The process whose workers these are: a copy in a child made by os.fork() neither
-        # reads from them nor stops them (they serve the parent's training loop).
+        # The process whose workers these are: a copy in a child made by os.fork() does not
+        # read from them (they serve the parent's training loop; ProcessWorkers.close does not
+        # stop them there either).
         self._pid = os.getpid()
         self.spec = spec
         self.tally = Tally(max(1, spec.num_workers), None)
@@ -256,8 +257,6 @@ class Pass(Dispatch):
         _live.discard(self)
         if self.tally.ended is None:
             self.tally.ended = time.monotonic()
-        if not self.owned_here():
-            self._engines = None  # the parent's: it stops them
         if self._engines is not None:
             reaper.submit(self._engines.close, wait=wait)
 

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .._dataset.sample_errors import SampleErrorPolicy
 from .._engine.options import WorkerOptions
+
+if TYPE_CHECKING:
+    from .lookahead import BatchSizes
 
 _RAISE = SampleErrorPolicy()  # today's behaviour: a failing sample fails its batch
 
@@ -44,7 +47,7 @@ class PassSpec:
     (``_loader.lookahead``)."""
     always_out_per_worker: int = 0
     """Batches per worker that may be out whatever bytes they hold; 0: the whole window."""
-    batch_sizes: Any = None
+    batch_sizes: BatchSizes | None = None
     """The loader's ``_loader.lookahead.BatchSizes``, shared by its passes (``None``: this
     pass's own)."""
 

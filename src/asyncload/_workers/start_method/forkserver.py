@@ -84,10 +84,18 @@ _AT_IMPORT = _threads() if os.path.isdir(_TASKS) else set()
 
 def _forget_in_child() -> None:
     # A child made by os.fork() (a fork-context Process or Pool that iterates a loader built
-    # here) inherits multiprocessing's forkserver singleton as it is in the parent: the
-    # parent's server, which ensure_running then fails to wait for ("ChildProcessError: No
-    # child processes"), and a copy of the pipe whose EOF tells that server its owner has gone.
-    # The server is the parent's: the child lets go of it and starts its own if it needs one.
+    # here) inherits multiprocessing's singletons as they are in the parent.
+    #
+    # The resource tracker guards its pipe with a lock that a thread of the parent may hold at
+    # the fork: the reaper dropping a pass's queues (their semaphores unregister), a standby
+    # start making new ones. The child, where that thread does not run, then hangs in its first
+    # Queue() or Event() (seen: 3 child passes in 15 hung). Its copy of the pipe is usable:
+    # only the lock is the parent's.
+    resource_tracker._resource_tracker._lock = threading.RLock()  # type: ignore[attr-defined]
+    # The forkserver is the parent's, which ensure_running then fails to wait for
+    # ("ChildProcessError: No child processes"), and the child holds a copy of the pipe whose
+    # EOF tells that server its owner has gone: the child lets go of both, and starts its own
+    # server if it needs one.
     server = forkserver._forkserver
     alive = getattr(server, "_forkserver_alive_fd", None)
     if getattr(server, "_forkserver_pid", None) is None:
@@ -102,19 +110,6 @@ def _forget_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_forget_in_child)
-
-
-def _free_tracker_in_child() -> None:
-    # multiprocessing's resource tracker guards its pipe with a lock that a thread of the parent
-    # may hold at the fork: the reaper dropping a pass's queues (their semaphores unregister), a
-    # standby start making new ones. The child, where that thread does not run, then hangs in
-    # its first Queue() or Event() (seen: 3 child passes in 15 hung). Its copy of the tracker's
-    # pipe is usable: only the lock is the parent's.
-    tracker = resource_tracker._resource_tracker
-    tracker._lock = threading.RLock()  # type: ignore[attr-defined]
-
-
-os.register_at_fork(after_in_child=_free_tracker_in_child)
 
 
 def server_pid() -> int | None:
