@@ -43,6 +43,9 @@ one core (a bound on what the workers can feed) and, on CUDA, issue 32's target 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
+import multiprocessing
+import os
 import sys
 import tempfile
 import time
@@ -147,6 +150,7 @@ def train_epoch(
     indices the batches carried (``jpeg``'s ``(images, indices)`` batches; none for synthetic)."""
     pinned = pinned and trainer.device.type == "cuda"  # nothing is pinned without CUDA
     trainer.sync()
+    busy0 = _cpu_times()
     t0 = time.perf_counter()
     waited = 0.0
     seen = 0
@@ -177,7 +181,25 @@ def train_epoch(
         seen += images.shape[0]
     trainer.sync()
     elapsed = time.perf_counter() - t0
-    return {"rate": seen / elapsed, "wait": waited / elapsed, "samples": seen, "ids": ids}
+    busy1 = _cpu_times()
+    busy = (busy1[0] - busy0[0]) / max(1e-9, busy1[1] - busy0[1])
+    return {
+        "rate": seen / elapsed,
+        "wait": waited / elapsed,
+        "samples": seen,
+        "ids": ids,
+        "busy": busy,
+    }
+
+
+def _cpu_times() -> tuple[float, float]:
+    """The machine's (busy, total) CPU time so far, from /proc/stat (zeros where there is none)."""
+    try:
+        fields = [float(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except OSError:
+        return 0.0, 0.0
+    idle = fields[3] + fields[4]  # idle + iowait
+    return sum(fields) - idle, sum(fields)
 
 
 def ceiling(trainer: Trainer, batch: torch.Tensor, n: int) -> dict[str, float]:
@@ -226,8 +248,16 @@ def asyncload_rows(
             pin_memory=pin,
             persistent_workers=True,
             max_concurrency=OPTIONS.get("max_concurrency"),
+            cpu_threads=OPTIONS.get("cpu_threads"),
         )
         rows[f"asyncload.DataLoader, pin_memory={pin}"] = run_loader(trainer, loader, pin, shape)
+        st = loader.stats()  # the timed epoch's: which stage bounds it, and the CPU lane's use
+        print(
+            f"asyncload pin_memory={pin}: bound by {st.bound_by or '-'}, workers' CPU "
+            f"{st.worker_cpu_s:.1f} s, CPU lane {st.cpu_lane_s:.1f} s, waiting {st.wait_s:.1f} s "
+            f"of {st.elapsed_s:.1f} s",
+            flush=True,
+        )
         del loader
     return rows
 
@@ -260,9 +290,10 @@ def run_synthetic(
         host, port = server.base_url.removeprefix("http://").split(":")
         prefix = server.prefix(SIZE, LATENCY).split(server.base_url, 1)[1]
         dataset = ThreadedBlobs(host, int(port), prefix, n)
-        rows["torch DataLoader + 32 threads, pin_memory=True"] = torch_row(
-            trainer, dataset, workers, SHAPE, collate_fn=collate_images
-        )
+        if not OPTIONS.get("skip_torch"):
+            rows["torch DataLoader + 32 threads, pin_memory=True"] = torch_row(
+                trainer, dataset, workers, SHAPE, collate_fn=collate_images
+            )
     return rows, f"{n} images 3x128x128"
 
 
@@ -276,12 +307,41 @@ class CorpusServer(bench_pipeline.FileServerProcess):
         return [sys.executable, __file__, "--serve", *map(str, self.folders)]
 
 
+_DECODE: dict[str, Any] = {}  # what a parallel_decode_rate process inherits
+
+
+def _inherit(blobs: list[bytes], start: Any) -> None:
+    _DECODE.update(blobs=blobs, start=start)
+
+
+def _decode_all(_: int) -> tuple[float, float, int]:
+    blobs = _DECODE["blobs"]
+    bench_pipeline.decode_image(blobs[0])  # first-call imports and allocations, untimed
+    _DECODE["start"].wait()
+    t0 = time.perf_counter()
+    for _ in range(4):
+        for data in blobs:
+            bench_pipeline.decode_image(data)
+    return t0, time.perf_counter(), 4 * len(blobs)
+
+
+def parallel_decode_rate(blobs: list[bytes], processes: int) -> float:
+    """Images/s that *processes* processes decode at once, each from bytes in its own memory
+    (no loader, no IPC): what the machine's cores can feed at most."""
+    ctx = multiprocessing.get_context("fork")  # the barrier is inherited, never pickled
+    start = ctx.Barrier(processes)
+    with concurrent.futures.ProcessPoolExecutor(
+        processes, mp_context=ctx, initializer=_inherit, initargs=(blobs, start)
+    ) as pool:
+        got = list(pool.map(_decode_all, range(processes), timeout=600))
+    return sum(g[2] for g in got) / (max(g[1] for g in got) - min(g[0] for g in got))
+
+
 def run_jpeg(
     device: torch.device, n: int, workers: int, args: argparse.Namespace
 ) -> tuple[dict[str, dict[str, float]], str]:
     root = Path(args.data or Path(tempfile.gettempdir()) / "asyncload-bench-pipeline")
     folder = bench_pipeline.ensure_corpus(root, "images", n)  # forks: before CUDA is initialised
-    trainer = Trainer(device)
     blobs = [Path(p).read_bytes() for p in bench_pipeline._paths(folder, "images", min(n, 256))]
     t0 = time.perf_counter()
     decoded = [bench_pipeline.decode_image(b) for b in blobs]
@@ -291,6 +351,11 @@ def run_jpeg(
         f"{workers} workers decode at most ~{workers / per_image:,.0f} images/s",
         flush=True,
     )
+    cores = len(os.sched_getaffinity(0))
+    for processes in sorted({workers, cores}):  # forks: before CUDA is initialised
+        rate = parallel_decode_rate(blobs, processes)
+        print(f"decode + augment in {processes} processes at once: {rate:,.0f} images/s")
+    trainer = Trainer(device)
     batch = torch.stack([image for image, _ in decoded[:BATCH]]).to(trainer.device)
     rows = {CEILING: ceiling(trainer, batch, n)}
     latency = f"{LATENCY * 1000:g}"
@@ -299,7 +364,7 @@ def run_jpeg(
         dataset = asyncload.RemoteFiles(
             urls,
             decode=bench_pipeline.decode_image,
-            decode_in_thread=OPTIONS.get("decode_in_thread", False),
+            decode_in_thread=OPTIONS.get("decode_in_thread"),
         )
         rows |= asyncload_rows(trainer, dataset, workers, JPEG_SHAPE)
         host, port = server.base_url.removeprefix("http://").split(":")
@@ -307,9 +372,10 @@ def run_jpeg(
         threaded = bench_pipeline.ThreadedDecoded(
             host, int(port), prefix, n, bench_pipeline.decode_image
         )
-        rows["torch DataLoader + 32 threads (GET + decode), pin_memory=True"] = torch_row(
-            trainer, threaded, workers, JPEG_SHAPE
-        )
+        if not OPTIONS.get("skip_torch"):
+            rows["torch DataLoader + 32 threads (GET + decode), pin_memory=True"] = torch_row(
+                trainer, threaded, workers, JPEG_SHAPE
+            )
     w, h = bench_pipeline.IMAGE_W, bench_pipeline.IMAGE_H
     return rows, f"{n} JPEGs {w}x{h} -> decode + RandomResizedCrop(224) + flip in the workers"
 
@@ -327,11 +393,24 @@ def main(argv: list[str] | None = None) -> int:
         "--max-concurrency", type=int, default=None, help="asyncload rows (default: automatic)"
     )
     parser.add_argument(
-        "--decode-in-thread", action="store_true", help="jpeg: decode on the workers' CPU lanes"
+        "--decode-in-thread",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="jpeg: decode on the workers' CPU lanes (auto: the loader's default)",
     )
+    parser.add_argument(
+        "--cpu-threads", type=int, default=None, help="asyncload rows (default: automatic)"
+    )
+    parser.add_argument("--skip-torch", action="store_true", help="leave out the torch row")
     parser.add_argument("--serve", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    OPTIONS.update(max_concurrency=args.max_concurrency, decode_in_thread=args.decode_in_thread)
+    in_thread = {"auto": None, "on": True, "off": False}[args.decode_in_thread]
+    OPTIONS.update(
+        max_concurrency=args.max_concurrency,
+        decode_in_thread=in_thread,
+        cpu_threads=args.cpu_threads,
+        skip_torch=args.skip_torch,
+    )
     if args.serve:  # the jpeg pipeline's file server (CorpusServer), in its own process
         bench_pipeline._serve_files(args.serve)
         return 0
@@ -354,10 +433,17 @@ def main(argv: list[str] | None = None) -> int:
         f"{workers} workers\n"
     )
     top = rows[CEILING]["rate"]
-    print("| row | samples/s | share of time waiting for data | of the compute ceiling |")
-    print("|---|---|---|---|")
+    print(
+        "| row | samples/s | share of time waiting for data | machine's cores busy "
+        "| of the compute ceiling |"
+    )
+    print("|---|---|---|---|---|")
     for label, row in rows.items():
-        print(f"| {label} | {row['rate']:,.0f} | {row['wait']:.0%} | {row['rate'] / top:.2f} |")
+        busy = f"{row['busy']:.0%}" if "busy" in row else "-"
+        print(
+            f"| {label} | {row['rate']:,.0f} | {row['wait']:.0%} | {busy} "
+            f"| {row['rate'] / top:.2f} |"
+        )
     if args.pipeline == "jpeg" and device.type == "cuda":
         ratio = rows["asyncload.DataLoader, pin_memory=True"]["rate"] / top
         verdict = "met" if ratio >= TARGET else "MISSED"
