@@ -1,6 +1,7 @@
 """Smoke tests: ``benchmarks/bench_loader.py``, ``bench_tails.py``, ``bench_cache.py``,
 ``bench_wholerun.py``, ``bench_pipeline.py``, ``bench_autotune.py`` and ``bench_converge.py``
-with ``--quick`` run and print their tables.
+with ``--quick`` run and print their tables; ``bench_gpu.py`` says it needs CUDA and exits, and
+its CPU ceiling runs.
 
 Only that it runs: speed depends on whatever else the machine is doing, so no numbers are
 checked here.
@@ -170,3 +171,29 @@ def test_bench_converge_quick_prints_each_phase() -> None:
     assert "| 1,000/s |" in rows[1], text
     assert "objects: each once; loader errors: none" in text, text
     assert "target (change 1): converged within 3 s" in text, text
+
+
+@pytest.mark.timeout(60)
+def test_bench_gpu_without_cuda_says_so_and_measures_the_cpu_ceiling() -> None:
+    # CI has no GPU: the script says so and exits 0. Its CPU ceiling (processes that only
+    # decode) runs anywhere: every process decodes every image it was given, so the rate is
+    # 2 processes x 4 passes x 3 images over the time they took together.
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_gpu.py"), "--pipeline", "jpeg"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=50,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "no CUDA device here" in proc.stdout, proc.stdout + proc.stderr
+    code = (
+        "import sys; sys.path.insert(0, 'benchmarks'); import bench_gpu, bench_pipeline; "
+        "blobs = [bench_pipeline.make_image(i) for i in range(3)]; "
+        "print(bench_gpu.parallel_decode_rate(blobs, 2))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=50
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert float(proc.stdout) > 0, proc.stdout
