@@ -105,6 +105,45 @@ def test_state_after_a_full_epoch_starts_the_next_one(http_server: Any) -> None:
         fresh.load_state_dict({"foo": 1})
 
 
+def _epoch(it: Any) -> list[int]:
+    return [i for batch in it for i in batch.tolist()]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("num_workers", "persistent"), [(0, False), (2, False), (2, True)])
+@pytest.mark.parametrize("iterator_kept", [False, True])
+def test_state_saved_after_an_epoch_resumes_with_the_next_epochs_order(
+    http_server: Any, num_workers: int, persistent: bool, iterator_kept: bool
+) -> None:
+    # The usual checkpoint: saved once an epoch is over. The restored loader's next epoch is
+    # the one the uninterrupted loader shuffled next, not its first again.
+    base = put_numbers(http_server, 12)
+
+    def build() -> Any:
+        return asyncload.DataLoader(
+            Numbers(base, 12), batch_size=4, shuffle=True, num_workers=num_workers,
+            persistent_workers=persistent, generator=torch.Generator().manual_seed(5),
+        )  # fmt: skip
+
+    straight = build()
+    orders = [_epoch(straight) for _ in range(3)]
+    assert len({tuple(o) for o in orders}) == 3, orders
+
+    saved = build()
+    it = iter(saved)
+    assert _epoch(it) == orders[0]
+    if not iterator_kept:
+        del it
+    state = saved.state_dict()
+    resumed = build()
+    resumed.load_state_dict(torch.load(_roundtrip(state), weights_only=False))
+    assert [_epoch(resumed), _epoch(resumed)] == orders[1:]
+
+    # A state saved before any epoch starts from the first one, whatever the loader has read.
+    resumed.load_state_dict(build().state_dict())
+    assert _epoch(resumed) == orders[0]
+
+
 def test_ranks_partition_map_style_like_distributed_sampler(
     http_server: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -38,7 +38,11 @@ def test_a_state_saved_between_passes_loads_as_the_epoch_to_set() -> None:
     assert saved["epoch"] == 3
     loaded = load(_shape(), LoaderState(), saved)
     assert loaded.set_epoch == 3  # the loader calls set_epoch: its sampler and dataset hear it
-    assert loaded.state.resume is None  # nothing left of a finished pass
+    # Nothing left of a finished pass to replay; the next pass starts from its generator state.
+    point = loaded.state.resume
+    assert point is not None
+    assert point.finished
+    assert torch.equal(point.rng, saved["rng"])
     assert not loaded.state.redealt
 
 

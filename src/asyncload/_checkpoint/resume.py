@@ -23,7 +23,11 @@ import torch
 
 from .elastic_iter import Delivered, Tag
 
-__all__ = ["Progress", "ResumePoint", "capture_rng", "restore_rng"]
+__all__ = ["NO_PASS", "Progress", "ResumePoint", "capture_rng", "restore_rng"]
+
+NO_PASS = -1
+"""The ``base_seed`` of a checkpoint saved with no pass to record (none yet, or a non-persistent
+one that ended): the next pass draws its own. Drawn seeds are never negative."""
 
 _VERSION = 1
 

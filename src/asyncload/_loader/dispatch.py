@@ -54,10 +54,13 @@ class Dispatch:
     _num_workers: int
     _generation: int
     _stalls: StallBoard
+    _ran_out: bool
+    """Every batch of the pass was yielded (also once a non-persistent pass closed)."""
 
     def _begin(self, resume: ResumePoint | None) -> None:
         spec = self.spec
         self._rng_state = capture_rng(spec.generator)
+        self._ran_out = False
         self._sampler_iter: Iterator[Any] = iter(spec.index_sampler)
         self._num_yielded = 0
         # send_idx is the batch's ordinal in the pass, also across a checkpoint and restore.

@@ -286,8 +286,9 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
         """Where the current pass stands, to continue it later with ``load_state_dict``.
 
         Only batches already handed to the training loop count as consumed; batches fetched but
-        not yet yielded are fetched again after a restore. The dict can be saved with
-        ``torch.save``.
+        not yet yielded are fetched again after a restore. Saved once a pass is over, it
+        restores to the next epoch, shuffled as this loader would shuffle it. The dict can be
+        saved with ``torch.save``.
 
         Examples:
             >>> torch.save(loader.state_dict(), "loader.pt")  # doctest: +SKIP

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.utils.data
 
-from .._checkpoint.resume import Progress, ResumePoint, restore_rng
+from .._checkpoint.resume import NO_PASS, Progress, ResumePoint, restore_rng
 from .._control import LimitState
 from .._protocol.messages import Failure, PassStarted, StartPass
 from .._stats.loader_stats import Tally
@@ -96,10 +96,23 @@ class Pass(Dispatch):
         # torch draws an IterDataPipe's shared seed first, then the workers' base seed. A
         # checkpoint records the RNG state after both, where every pass's sampler starts
         # (persistent workers draw no new base seed), so a restore replays the sampler.
+        kept_seed: int | None = None
+        if resume is not None and resume.finished:
+            # Saved after its pass ended: this pass is the next epoch. It starts where the
+            # generator stood then, as the uninterrupted loader's next pass would, and
+            # persistent workers keep their base seed, as they do from epoch to epoch.
+            restore_rng(spec.generator, resume.rng)
+            if spec.persistent and spec.num_workers > 0 and resume.base_seed != NO_PASS:
+                kept_seed = resume.base_seed
+            resume = None
         shared_seed = self._draw_shared_seed()
         if resume is None:
-            self._base_seed = int(
-                torch.empty((), dtype=torch.int64).random_(generator=spec.generator).item()
+            self._base_seed = (
+                kept_seed
+                if kept_seed is not None
+                else int(
+                    torch.empty((), dtype=torch.int64).random_(generator=spec.generator).item()
+                )
             )
         else:
             self._base_seed = resume.base_seed
@@ -198,6 +211,7 @@ class Pass(Dispatch):
             data = self._next_data()
         except StopIteration:
             self.state = State.EXHAUSTED
+            self._ran_out = True  # kept through close(): a checkpoint says the pass finished
             self.tally.ended = time.monotonic()
             if not self.spec.persistent:
                 self.close()
@@ -240,7 +254,7 @@ class Pass(Dispatch):
                 list(p.worker_batches),
                 p.delivered.copy(),
             ),
-            finished=self.state is State.EXHAUSTED,
+            finished=self._ran_out,
         )
 
     # ── the one way a pass ends: NOTE [ Data flow and shutdown ] in _protocol.py ──────────────

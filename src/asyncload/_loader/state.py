@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from .._checkpoint import elastic_iter as _elastic_iter
 from .._checkpoint import elastic_map as _elastic
 from .._checkpoint import fingerprint as _fingerprint
-from .._checkpoint.resume import Progress, ResumePoint, capture_rng
+from .._checkpoint.resume import NO_PASS, Progress, ResumePoint, capture_rng
 from .._checkpoint.shape import LoaderShape
 
 if TYPE_CHECKING:
@@ -94,7 +94,10 @@ def save(shape: LoaderShape, state: LoaderState, live: Pass | None) -> dict[str,
 
 def _plain_state(shape: LoaderShape, state: LoaderState, live: Pass | None) -> dict[str, Any]:
     if live is not None:
-        return live.checkpoint(state.epoch_of_pass).to_dict()
+        point = live.checkpoint(state.epoch_of_pass)
+        if point.finished:  # the next pass starts where the generator stands now, not this one
+            point = dataclasses.replace(point, rng=capture_rng(shape.generator))
+        return point.to_dict()
     if state.resume is not None:
         return state.resume.to_dict()
     return ResumePoint(
@@ -102,7 +105,7 @@ def _plain_state(shape: LoaderShape, state: LoaderState, live: Pass | None) -> d
         num_workers=shape.num_workers,
         epoch=state.epoch,
         rng=capture_rng(shape.generator),
-        base_seed=0,
+        base_seed=NO_PASS,
         progress=Progress(max(1, shape.num_workers)),
         finished=True,
     ).to_dict()
@@ -135,7 +138,8 @@ def load(shape: LoaderShape, state: LoaderState, saved: dict[str, Any]) -> Loade
                 max(1, shape.num_workers), delivered=point.progress.delivered.copy()
             )
             point = dataclasses.replace(point, progress=progress)
-    resume = None if point.finished else point
+    # A finished point is kept too: the next pass (the next epoch) restores its generator state.
+    resume = point
     return Loaded(
         dataclasses.replace(state, resume=resume, deal=deal, iter_deal=iter_deal), set_epoch
     )
