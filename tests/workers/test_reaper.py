@@ -120,6 +120,50 @@ def test_a_submit_never_blocks_and_a_waiting_one_returns_once_its_job_ran(
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
+class _SlowToBegin:
+    """A job lock that the reaper's thread takes 0.3 s after asking: the moment between taking
+    a job from the queue and beginning it, stretched."""
+
+    def __init__(self, owner: Reaper) -> None:
+        self.owner = owner
+        self.lock = owner._job_lock
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        return self.lock.acquire(blocking, timeout)
+
+    def release(self) -> None:
+        self.lock.release()
+
+    def __enter__(self) -> _SlowToBegin:
+        if self.owner.on_reaper_thread():
+            time.sleep(0.3)
+        self.lock.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.lock.release()
+
+
+@pytest.mark.timeout(30)
+def test_at_exit_the_job_the_thread_has_taken_ends_before_the_drain_returns() -> None:
+    # multiprocessing's exit handler joins the children right after this drain: a stop job
+    # still running then closes the Process objects it joins ("process object is closed").
+    owner = Reaper()
+    owner.ensure_started()
+    owner._job_lock = _SlowToBegin(owner)  # type: ignore[assignment]
+    ran: list[bool] = []
+    owner.submit(lambda: ran.append(True))
+    deadline = time.monotonic() + 5
+    while not owner._queue.empty() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert owner._queue.empty()  # taken by the thread, not begun
+
+    _reaper._drain_at_exit(owner)
+    assert ran == [True]
+    assert owner._thread is not None
+    assert not owner._thread.is_alive()
+
+
 def test_finalizers_on_other_threads_never_block_while_another_pass_iterates() -> None:
     """A collection on another thread runs dropped passes' finalizers (a num_workers=0 pass
     dropped mid-epoch, now and then one with processes and its loader): they hand the stop to

@@ -28,7 +28,9 @@ Held here, those objects are never part of the garbage.
 The thread is started on ordinary calls only (a loader built, a pass started), never from a
 finalizer. Where it can't run (a child made by ``os.fork()``, interpreter exit) a job waits in
 the queue for the next ordinary call, or runs in the caller when the caller may block (an
-explicit ``close()``, ``atexit``). A job that raises is printed to stderr and the reaper goes on.
+explicit ``close()``, ``atexit``). At exit the thread first runs what is queued and the job in its
+hands, then ends (``Reaper.stop_thread``), all before multiprocessing's exit handler joins the
+children. A job that raises is printed to stderr and the reaper goes on.
 
 Standby processes (``_workers.standby``) are bounded here too: at most ``max_standby_processes()``
 of them across every loader of the process (``ASYNCLOAD_MAX_STANDBY``, default twice the usable
@@ -75,6 +77,10 @@ class _Job:
     def __init__(self, fn: Callable[[], object]) -> None:
         self.fn = fn
         self.done = threading.Event()
+
+
+_STOP = _Job(lambda: None)
+"""Queued at exit: the thread ends once the jobs ahead of it have run (``stop_thread``)."""
 
 
 class Reaper:
@@ -175,6 +181,21 @@ class Reaper:
             self._run_pending()  # no reaper, or interpreter exit: here
         return marker.done.wait(timeout)
 
+    def stop_thread(self, timeout: float) -> bool:
+        """At exit: the thread runs the jobs queued so far (and the one in its hands), then
+        ends. ``True`` once it has (or none runs here); ``False`` if *timeout* s passed first.
+
+        Only then may multiprocessing's exit handler join the children: a job the thread had
+        taken from the queue, but not yet begun, would otherwise close the very ``Process``
+        objects that handler joins (``ValueError: process object is closed``).
+        """
+        thread = self._thread
+        if thread is None or not thread.is_alive() or self._pid != os.getpid():
+            return True
+        self._queue.put(_STOP)
+        thread.join(timeout)
+        return not thread.is_alive()
+
     def _run_pending(self) -> None:
         """Run queued jobs in this thread (at exit, or with no reaper thread)."""
         while True:
@@ -182,6 +203,8 @@ class Reaper:
                 job = self._queue.get_nowait()
             except queue.Empty:
                 return
+            if job is _STOP:
+                continue
             with self._job_lock:
                 _run_job(job.fn)
             job.done.set()
@@ -196,6 +219,8 @@ class Reaper:
                 job = self._queue.get(timeout=_TICK)
             except queue.Empty:
                 job = None
+            if job is _STOP:  # interpreter exit (stop_thread)
+                return
             if job is not None:
                 with self._job_lock:
                     _run_job(job.fn)
@@ -221,21 +246,20 @@ def _run_job(fn: Callable[[], object]) -> None:
 reaper = Reaper()
 
 
-def _drain_at_exit() -> None:
+def _drain_at_exit(owner: Reaper = reaper) -> None:
     # Bounded: what can't be stopped in time is left to multiprocessing's own exit handler
     # (it terminates daemonic children) and to the end of the process (daemon threads).
     deadline = time.monotonic() + WAIT_TIMEOUT
-    while time.monotonic() < deadline:
-        # The job the thread may be running (a daemon thread runs on during exit handlers).
-        if not reaper._job_lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
-            return
+    if not owner.stop_thread(WAIT_TIMEOUT):
+        return  # stuck in a job: running more here would race it
+    while time.monotonic() < deadline:  # what no thread ran (none started, or a forked child)
         try:
-            job = reaper._queue.get_nowait()
+            job = owner._queue.get_nowait()
         except queue.Empty:
             return
-        finally:
-            reaper._job_lock.release()
-        with reaper._job_lock:
+        if job is _STOP:
+            continue
+        with owner._job_lock:
             _run_job(job.fn)
         job.done.set()
 
