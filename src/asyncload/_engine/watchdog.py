@@ -96,7 +96,7 @@ class LoopBlocked:
         seconds = self.blocked_s if blocked_s is None else blocked_s
         who = f"sample {self.index} of {self.dataset}" if self.index else "code outside a sample"
         return (
-            f"{who} has held the event loop of DataLoader worker {self.worker_id} for "
+            f"{who} has held the event loop of DataLoader worker {self.worker_id} for at least "
             f"{seconds:.2f} s at {self.location}"
         )
 
