@@ -144,6 +144,41 @@ def test_state_saved_after_an_epoch_resumes_with_the_next_epochs_order(
     assert _epoch(resumed) == orders[0]
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("set_epoch", ["before", "after", "forgotten"])
+def test_a_distributed_sampler_resumes_the_epoch_it_was_saved_in(
+    http_server: Any, num_workers: int, set_epoch: str
+) -> None:
+    # The caller drives DistributedSampler.set_epoch, not the loader's: a checkpoint saved in
+    # epoch 3 resumes epoch 3's order, also where the restoring code forgets set_epoch(3).
+    base = put_numbers(http_server, 50)
+
+    def build() -> tuple[Any, Any]:
+        sampler = torch.utils.data.DistributedSampler(
+            Numbers(base, 50), num_replicas=2, rank=1, shuffle=True, seed=7
+        )
+        loader = asyncload.DataLoader(
+            Numbers(base, 50), batch_size=4, sampler=sampler, num_workers=num_workers
+        )
+        return sampler, loader
+
+    sampler, straight = build()
+    sampler.set_epoch(3)
+    epoch3 = _epoch(straight)
+
+    sampler, saved = build()
+    sampler.set_epoch(3)
+    first, state = _take(saved, 3)
+    sampler, resumed = build()
+    if set_epoch == "before":
+        sampler.set_epoch(3)
+    resumed.load_state_dict(torch.load(_roundtrip(state), weights_only=False))
+    if set_epoch == "after":
+        sampler.set_epoch(3)
+    assert first + _epoch(resumed) == epoch3
+
+
 def test_ranks_partition_map_style_like_distributed_sampler(
     http_server: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -23,7 +23,7 @@ from .._checkpoint.shape import LoaderShape
 if TYPE_CHECKING:
     from .pass_iterator import Pass
 
-__all__ = ["Loaded", "LoaderState", "load", "save"]
+__all__ = ["Loaded", "LoaderState", "epoch_holder", "load", "save"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -68,11 +68,30 @@ class Loaded:
 
     state: LoaderState
     set_epoch: int | None
+    sampler_epoch: int | None = None
+    """The epoch the caller's own sampler was at (``epoch_holder``), for a checkpoint saved
+    mid-epoch without ``loader.set_epoch``: that epoch's order is the one being resumed."""
+
+
+def epoch_holder(shape: LoaderShape) -> Any | None:
+    """The sampler whose epoch the caller sets (``DistributedSampler.set_epoch``): the first of
+    the sampler, the batch sampler and the batch sampler's sampler with an ``int`` ``epoch``
+    and a ``set_epoch``; ``None`` if none has."""
+    inner = getattr(shape.batch_sampler, "sampler", None)
+    for obj in (shape.sampler, shape.batch_sampler, inner):
+        if isinstance(getattr(obj, "epoch", None), int) and callable(
+            getattr(obj, "set_epoch", None)
+        ):
+            return obj
+    return None
 
 
 def save(shape: LoaderShape, state: LoaderState, live: Pass | None) -> dict[str, Any]:
     """``loader.state_dict()``: where *live* (the current pass, if any) stands."""
     saved = _plain_state(shape, state, live)
+    holder = epoch_holder(shape)
+    if holder is not None:  # a caller that sets its sampler's epoch itself, not the loader's
+        saved["sampler_epoch"] = int(holder.epoch)
     if shape.elastic:
         pos = _elastic.position(shape, saved, state.pass_deal if live is not None else state.deal)
         if pos is not None:
@@ -140,6 +159,11 @@ def load(shape: LoaderShape, state: LoaderState, saved: dict[str, Any]) -> Loade
             point = dataclasses.replace(point, progress=progress)
     # A finished point is kept too: the next pass (the next epoch) restores its generator state.
     resume = point
+    sampler_epoch = saved.get("sampler_epoch")
+    if point.finished or point.epoch is not None or not isinstance(sampler_epoch, int):
+        sampler_epoch = None  # the next epoch is the caller's to set; or set_epoch says it
     return Loaded(
-        dataclasses.replace(state, resume=resume, deal=deal, iter_deal=iter_deal), set_epoch
+        dataclasses.replace(state, resume=resume, deal=deal, iter_deal=iter_deal),
+        set_epoch,
+        sampler_epoch,
     )
