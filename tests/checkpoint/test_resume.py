@@ -145,6 +145,28 @@ def test_state_saved_after_an_epoch_resumes_with_the_next_epochs_order(
 
 
 @pytest.mark.timeout(60)
+def test_a_state_saved_after_an_epoch_leaves_the_global_rng_to_the_caller(
+    http_server: Any,
+) -> None:
+    # No generator: the next epoch's order comes from torch's global RNG, as in torch. A
+    # restore must not put back the global state of the moment it was saved.
+    base = put_numbers(http_server, 12)
+
+    def build() -> Any:
+        return asyncload.DataLoader(Numbers(base, 12), batch_size=4, shuffle=True)
+
+    torch.manual_seed(99)
+    expected = _epoch(build())
+    saved = build()
+    _epoch(saved)
+    state = saved.state_dict()
+    resumed = build()
+    resumed.load_state_dict(state)
+    torch.manual_seed(99)
+    assert _epoch(resumed) == expected
+
+
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("num_workers", [0, 2])
 @pytest.mark.parametrize("set_epoch", ["before", "after", "forgotten"])
 def test_a_distributed_sampler_resumes_the_epoch_it_was_saved_in(

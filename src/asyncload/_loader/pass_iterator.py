@@ -99,9 +99,11 @@ class Pass(Dispatch):
         kept_seed: int | None = None
         if resume is not None and resume.finished:
             # Saved after its pass ended: this pass is the next epoch. It starts where the
-            # generator stood then, as the uninterrupted loader's next pass would, and
-            # persistent workers keep their base seed, as they do from epoch to epoch.
-            restore_rng(spec.generator, resume.rng)
+            # loader's generator stood then, as the uninterrupted loader's next pass would, and
+            # persistent workers keep their base seed, as they do from epoch to epoch. Without
+            # a generator the next epoch draws from torch's global RNG, which is the caller's.
+            if spec.generator is not None:
+                restore_rng(spec.generator, resume.rng)
             if spec.persistent and spec.num_workers > 0 and resume.base_seed != NO_PASS:
                 kept_seed = resume.base_seed
             resume = None
