@@ -378,3 +378,27 @@ def test_thread_mode_stats_count_the_loaders_reads_only(tmp_path: Any) -> None:
     stats = loader.stats()
     assert stats.samples == 6
     assert stats.bytes == 600
+
+
+class _Index(asyncload.Dataset[int]):
+    def __len__(self) -> int:
+        return 4
+
+    async def __getitem__(self, index: int) -> int:
+        return index
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("num_workers", "persistent"), [(0, False), (2, False), (2, True)])
+def test_next_on_a_finished_iterator_raises_stop_iteration_again(
+    num_workers: int, persistent: bool
+) -> None:
+    # The iterator protocol, and torch: a finished iterator keeps saying so.
+    loader = asyncload.DataLoader(
+        _Index(), batch_size=2, num_workers=num_workers, persistent_workers=persistent
+    )
+    it = iter(loader)
+    assert len(list(it)) == len(loader)
+    for _ in range(2):
+        with pytest.raises(StopIteration):
+            next(it)

@@ -173,12 +173,19 @@ def test_states_and_misuse() -> None:
     assert len(list(it)) == 2
     assert it.state is State.CLOSED  # not persistent: the end of the epoch closes it
     assert workers.closed == 1
-    with pytest.raises(RuntimeError, match="pass was closed"):
-        next(it)
+    for _ in range(2):
+        with pytest.raises(StopIteration):
+            next(it)  # a finished iterator stays finished, as any Python iterator (and torch's)
     with pytest.raises(RuntimeError, match="pass was closed"):
         it.restart(epoch=None, len_reported=None)
     it.close()
     assert workers.closed == 1  # once only
+
+    stopped, _ = _start(_spec(n=8, batch_size=4))
+    next(stopped)
+    stopped.close()  # mid-pass: what is left is not "the end", and saying so would lose it
+    with pytest.raises(RuntimeError, match="pass was closed"):
+        next(stopped)
 
 
 def test_persistent_pass_restarts_with_the_handshake() -> None:

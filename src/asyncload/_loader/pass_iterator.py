@@ -92,6 +92,7 @@ class Pass(Dispatch):
         self._len_reported = len_reported
         self._num_workers = max(1, spec.num_workers)
         self._generation = 0
+        self._ran_out = False  # (again in _begin, for each pass)
         self._stalls = StallBoard()  # workers' blocked event loops (see _watchdog)
         # torch draws an IterDataPipe's shared seed first, then the workers' base seed. A
         # checkpoint records the RNG state after both, where every pass's sampler starts
@@ -200,6 +201,8 @@ class Pass(Dispatch):
                 f"serve that process; this one ({os.getpid()}, made by os.fork()) must start "
                 "its own: iter(loader)"
             )
+        if self.state is State.CLOSED and self._ran_out:
+            raise StopIteration  # a finished iterator stays finished, as the protocol wants
         if self.state is State.CLOSED:
             raise RuntimeError(
                 "this DataLoader pass was closed (its workers are stopped); "
