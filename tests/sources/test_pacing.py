@@ -587,3 +587,59 @@ async def test_a_host_that_closes_after_each_response_is_never_trusted(tmp_path:
         server.server_close()
     assert key not in _hosts().learned()
     assert key not in dict(_storage.export_config().pacing.connections)
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(30)
+async def test_connections_closed_before_their_first_response_free_their_slots_at_once(
+    http_server: ObjectServer,
+) -> None:
+    # A `break` out of the training loop cancels the requests in flight: their connections
+    # close unanswered, and hold no place in the server's accept queue. Their slots must not
+    # wait out the grace period (a persistent pass's next first batch came 1 s late).
+    urls = [http_server.put(f"{i}.bin", bytes([i]) * 100) for i in range(8)]
+    http_server.latency = LATENCY
+    connector = _pacing.PacedConnector(limit=64, burst=4, grace=20.0)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        get = functools.partial(_paced_get, session)
+        tasks = [asyncio.ensure_future(get(u)) for u in urls[:4]]
+        host = None
+        for _ in range(500):  # until the four are connected and wait for their answers
+            await asyncio.sleep(0.005)
+            host = connector._pace_hosts.get(("127.0.0.1", http_server.port))
+            if host is not None and len(host.unproven) == 4:
+                break
+        assert host is not None
+        assert len(host.unproven) == 4
+        assert host.room(4) == 0
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        assert not host.unproven
+        assert host.room(4) == 4
+        assert host.quick is None  # a cancelled request says nothing of the host
+        t0 = time.monotonic()
+        assert await asyncio.gather(*(get(u) for u in urls[4:])) == [
+            bytes([i]) * 100 for i in range(4, 8)
+        ]
+        assert time.monotonic() - t0 < 10  # answered, not held for the 20 s grace
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(30)
+async def test_a_pool_emptied_mid_pass_starts_again_from_what_the_host_proved(
+    http_server: ObjectServer,
+) -> None:
+    # What the host proves during the pass (the process's memory) counts at once, not only
+    # for the next pass's workers: after a `break` closed every connection, a persistent
+    # worker opens as many as the host held, as a new worker would.
+    url = http_server.put("0.bin", b"x" * 100)
+    key = _key(http_server)
+    connector = _pacing.PacedConnector(limit=64, burst=4)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        assert await _paced_get(session, url) == b"x" * 100
+        host = connector._pace_hosts["127.0.0.1", http_server.port]
+        before = host.limit(4)
+        assert before < 40
+        _hosts().remember_proven(key, 40)  # as this connector's kept_alive records it
+        assert host.limit(4) == 40

@@ -8,7 +8,8 @@ a connection only proves that the server took it when its first response arrives
 
 ``PacedConnector`` therefore lets at most ``burst`` connections per host be *unproven*
 (opened, with no response yet). A slot is given back at the first response on the connection,
-when the connection fails, or after ``grace`` seconds, so that a slow but healthy server (whose
+when the connection fails or closes unanswered (a request cancelled by a ``break``), or after
+``grace`` seconds, so that a slow but healthy server (whose
 first response takes longer than ``grace``) still gets its pool filled quickly: ``burst``
 connections every ``grace`` seconds at the slowest.
 
@@ -22,7 +23,8 @@ the event loop, first come first served.
 
 Slow start costs round trips, and every pass of a loader starts new worker processes with empty
 pools: a host that has proven it takes *n* connections starts with ``min(n, TRUSTED_BURST)`` of
-them in flight instead of ``burst``. What a process learned of its hosts, and hands on to the
+them in flight instead of ``burst``, and so does a pool that a ``break`` emptied mid-pass (a
+persistent worker's). What a process learned of its hosts, and hands on to the
 next pass's workers, is ``pacing_memory``.
 
 A listen backlog can be smaller than what a host proved it holds, and a server busy serving may
@@ -100,7 +102,6 @@ class _Host:
         "pending",
         "proven",
         "quick",
-        "trusted",
         "unproven",
         "waiters",
         "woken",
@@ -121,7 +122,6 @@ class _Host:
         self.proven: set[Any] = set()
         self.kept: set[Any] = set()  # connections that went back to the pool after a response
         self.most = 0  # the most of those held at once
-        self.trusted = min(self.memory.proven(key), TRUSTED_BURST)
         self.waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self.woken = 0  # waiters told to go that have not run yet: they keep their turn
 
@@ -134,7 +134,11 @@ class _Host:
         self.proven = {p for p in self.proven if p.is_connected()}
         kept = sum(1 for p in self.proven if not p.should_close)
         growth = QUICK_GROWTH if self.quick else GROWTH
-        limit = max(burst + growth * kept, self.trusted)
+        # What the host has proven (the process's memory, which this connector teaches too): a
+        # pool emptied mid-pass (a `break` closes the requests in flight) starts again from
+        # there, as the next pass's new workers would, not from `burst`.
+        trusted = min(self.memory.proven(self.key), TRUSTED_BURST)
+        limit = max(burst + growth * kept, trusted)
         cap = self.memory.cap(self.key)  # the context's: a hedge session's overflow counts too
         return limit if cap is None else min(limit, cap)
 
@@ -353,6 +357,12 @@ class PacedConnector(aiohttp.TCPConnector):
     def _release(self, key: Any, protocol: Any, *, should_close: bool = False) -> None:
         pooled = not (self._closed or self._force_close or should_close or protocol.should_close)
         super()._release(key, protocol, should_close=should_close)
+        if not pooled:
+            # Closed before its first response: a request cancelled half-way (a `break` out of
+            # the training loop, a hedge's loser). It holds no place in the server's accept
+            # queue now, so its slot is free at once, not after `grace` (a persistent pass
+            # after a `break` waited 1 s for its first batch); its host learns nothing from it.
+            self._pace_forget(protocol)
         host = self._pace_hosts.get((key.host, key.port))
         if host is not None:
             if pooled:
@@ -373,6 +383,12 @@ class PacedConnector(aiohttp.TCPConnector):
             latency = None
         host.answered(latency, self._pace_burst)
         self._pace_wake(key, host)
+
+    def _pace_forget(self, proto: Any) -> None:
+        found = self._pace_host_of.pop(proto, None)
+        if found is not None:
+            grace, _ = found[0].unproven.pop(proto)
+            grace.cancel()
 
     def settle(self, response: aiohttp.ClientResponse) -> None:
         """The server answered *response*: its connection stops holding a slot."""
