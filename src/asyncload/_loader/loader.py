@@ -321,12 +321,11 @@ class DataLoader(torch.utils.data.DataLoader[T_co], Generic[T_co]):
         self._state = loaded.state
         if loaded.set_epoch is not None:
             self.set_epoch(loaded.set_epoch)
+        # Mid-epoch, the rest must come in the order of the epoch that was saved: a forgotten
+        # sampler.set_epoch before iterating would silently shuffle another.
         holder = _checkpoint.epoch_holder(self._shape())
-        if loaded.sampler_epoch is not None and holder is not None:
-            # Mid-epoch, the rest must come in the order of the epoch that was saved: a
-            # forgotten sampler.set_epoch before iterating would silently shuffle another.
-            if holder.epoch != loaded.sampler_epoch:
-                holder.set_epoch(loaded.sampler_epoch)
+        if holder is not None and loaded.sampler_epoch not in (None, holder.epoch):
+            holder.set_epoch(loaded.sampler_epoch)
         self._live_pass = None  # state_dict() now reports what was loaded, not an old pass
 
     def _shape(self) -> LoaderShape:

@@ -109,13 +109,11 @@ class Pass(Dispatch):
                 kept_seed = resume.base_seed
             resume = None
         shared_seed = self._draw_shared_seed()
-        if resume is None:
-            self._base_seed = (
-                kept_seed
-                if kept_seed is not None
-                else int(
-                    torch.empty((), dtype=torch.int64).random_(generator=spec.generator).item()
-                )
+        if kept_seed is not None:
+            self._base_seed = kept_seed
+        elif resume is None:
+            self._base_seed = int(
+                torch.empty((), dtype=torch.int64).random_(generator=spec.generator).item()
             )
         else:
             self._base_seed = resume.base_seed

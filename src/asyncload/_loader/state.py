@@ -157,13 +157,12 @@ def load(shape: LoaderShape, state: LoaderState, saved: dict[str, Any]) -> Loade
                 max(1, shape.num_workers), delivered=point.progress.delivered.copy()
             )
             point = dataclasses.replace(point, progress=progress)
-    # A finished point is kept too: the next pass (the next epoch) restores its generator state.
-    resume = point
     sampler_epoch = saved.get("sampler_epoch")
     if point.finished or point.epoch is not None or not isinstance(sampler_epoch, int):
         sampler_epoch = None  # the next epoch is the caller's to set; or set_epoch says it
+    # A finished point is kept too: the next pass (the next epoch) restores its generator state.
     return Loaded(
-        dataclasses.replace(state, resume=resume, deal=deal, iter_deal=iter_deal),
+        dataclasses.replace(state, resume=point, deal=deal, iter_deal=iter_deal),
         set_epoch,
         sampler_epoch,
     )

@@ -370,12 +370,10 @@ class PacedConnector(aiohttp.TCPConnector):
             self._pace_wake(key, host)  # a kept-alive connection may be back in the pool
 
     def _pace_release(self, proto: Any, answered: bool) -> None:
-        found = self._pace_host_of.pop(proto, None)
+        found = self._pace_forget(proto)
         if found is None:
             return
-        host, key = found
-        grace, started = host.unproven.pop(proto)
-        grace.cancel()
+        host, key, started = found
         if answered:
             host.proven.add(proto)
             latency: float | None = asyncio.get_running_loop().time() - started
@@ -384,11 +382,16 @@ class PacedConnector(aiohttp.TCPConnector):
         host.answered(latency, self._pace_burst)
         self._pace_wake(key, host)
 
-    def _pace_forget(self, proto: Any) -> None:
+    def _pace_forget(self, proto: Any) -> tuple[_Host, Any, float] | None:
+        """Stop counting unproven *proto* against its host: its host, connection key and when
+        its connect started (``None`` if it held no slot)."""
         found = self._pace_host_of.pop(proto, None)
-        if found is not None:
-            grace, _ = found[0].unproven.pop(proto)
-            grace.cancel()
+        if found is None:
+            return None
+        host, key = found
+        grace, started = host.unproven.pop(proto)
+        grace.cancel()
+        return host, key, started
 
     def settle(self, response: aiohttp.ClientResponse) -> None:
         """The server answered *response*: its connection stops holding a slot."""
