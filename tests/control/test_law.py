@@ -448,6 +448,35 @@ def test_a_worker_bound_by_its_own_cpu_shrinks_to_its_knee_without_a_probe() -> 
         assert bound.goodput > free.goodput
 
 
+def test_a_worker_busy_only_at_its_start_probes_once_its_cpu_is_free() -> None:
+    # Two workers start at a batch's worth (32) on a store that serves 8 at once (knee ~40 in
+    # flight), and read as bound by their own CPU for their first 0.8 s (opening connections
+    # at 64-128 in flight). The probe their first backoff made due waits for a free epoch
+    # instead of being dropped, so both probe within a round trip or two of 0.8 s (dropped,
+    # the next backoff made it due again: at 0.95-3.15 s over three seeds). On the loopback
+    # store (``bench_autotune`` (d)) a worker whose probe was dropped could keep its line for
+    # the whole pass: p99 after the first second 1.3-3.7x the unloaded p99.
+    def store() -> Queue:
+        return Queue(8, 0.005, 0.020)
+
+    _, best, sweep = best_fixed(store, duration=6.0, start=3.0, workers=2)
+    cs = [_auto(config=ControlConfig(initial=32)) for _ in range(2)]
+    probed_at: dict[int, float] = {}
+
+    def each(sim: Sim, workers: list[Worker]) -> None:
+        for k, c in enumerate(cs):
+            c.cpu_bound(sim.now, sim.now < 0.8)
+            if c.limit == ControlConfig().probe_limit:
+                probed_at.setdefault(k, sim.now)
+
+    ws = simulate(store(), cs, 6.0, every=0.002, each=each)
+    assert sorted(probed_at) == [0, 1], probed_at
+    assert all(0.8 <= t <= 1.0 for t in probed_at.values()), probed_at  # once free, soon
+    steady = figures(ws, 3.0, 6.0)
+    assert steady.goodput >= 0.95 * best.goodput, (steady, best)
+    assert steady.p99 <= 2 * sweep[4].p99, (steady, sweep[4])
+
+
 def test_failures_are_not_goodput_and_do_not_cut() -> None:
     c = _auto()
     for _ in range(8):

@@ -1,17 +1,24 @@
 """Whether a worker's own CPU bounds it (``_engine/cpu_load.py``): its loop's thread, its lane.
 
-The wall clock is passed in, so the measures do not depend on how busy the test machine is;
-the CPU each one reads is really spent on this thread (or told by a lane).
+The lines' tests pass the wall clock in and read the thread's CPU time (``THREAD_TIME``), so
+they do not depend on how busy the test machine is; the CPU each one reads is really spent on
+this thread (or told by a lane). The run-queue meter (``SCHEDSTAT``) is tested on a core that
+the test makes busy itself.
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from asyncload._dataset import cpu as _cpu
-from asyncload._engine.cpu_load import CpuLoad
+from asyncload._engine.cpu_load import SCHEDSTAT, THREAD_TIME, CpuLoad, Meter, best_meter
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -24,7 +31,7 @@ def _spin(seconds: float) -> None:
 
 
 def test_a_busy_loop_thread_reads_as_bound_and_an_idle_one_as_free() -> None:
-    load = CpuLoad()
+    load = CpuLoad(THREAD_TIME)
     assert load.sample(0.0) is None  # the clocks start
     _spin(0.05)
     assert load.sample(0.05) is None  # under EVERY: nothing new
@@ -33,7 +40,7 @@ def test_a_busy_loop_thread_reads_as_bound_and_an_idle_one_as_free() -> None:
 
 
 def test_between_the_two_lines_the_last_reading_holds() -> None:
-    load = CpuLoad()
+    load = CpuLoad(THREAD_TIME)
     load.sample(0.0)
     _spin(0.05)
     assert load.sample(0.1) is True
@@ -48,7 +55,7 @@ def test_a_busy_lane_reads_as_bound_per_thread() -> None:
     lane = _cpu.CpuLane(2)
     try:
         with _cpu.using(lane):
-            load = CpuLoad()
+            load = CpuLoad(THREAD_TIME)
             load.sample(0.0)
             lane.busy_s += 0.06  # its two threads used 0.3 of 0.1 s each: not bound
             assert load.sample(0.1) is False
@@ -60,7 +67,7 @@ def test_a_busy_lane_reads_as_bound_per_thread() -> None:
 
 def test_the_bound_seconds_count_only_the_measures_that_read_as_bound() -> None:
     # loader.stats().cpu_bound_s sums these: the wall time of each measure read as bound.
-    load = CpuLoad()
+    load = CpuLoad(THREAD_TIME)
     load.sample(0.0)
     _spin(0.05)
     assert load.sample(0.1) is True
@@ -70,3 +77,87 @@ def test_the_bound_seconds_count_only_the_measures_that_read_as_bound() -> None:
     assert load.bound_s == pytest.approx(0.2)
     assert load.sample(8.0) is False  # 7.8 idle seconds: not counted
     assert load.bound_s == pytest.approx(0.2)
+
+
+# ── the run-queue meter ───────────────────────────────────────────────────────────────────────
+
+needs_schedstat = pytest.mark.skipif(
+    not Path("/proc/thread-self/schedstat").exists(), reason="no /proc/thread-self/schedstat"
+)
+
+
+def test_the_meter_is_the_run_queue_one_where_it_can_be_read() -> None:
+    readable = best_meter() is SCHEDSTAT
+    try:
+        assert SCHEDSTAT.read() > 0
+    except OSError:
+        assert not readable
+    else:
+        assert readable
+
+
+def _on_a_shared_core(seconds: float) -> dict[str, float]:
+    """Spin *seconds* of wall time in a thread pinned to one core that two other processes
+    spin on too: (its SCHEDSTAT and THREAD_TIME seconds, and what ``CpuLoad`` read) over that
+    wall time."""
+    core = min(os.sched_getaffinity(0))
+    spin = f"import os, time\nos.sched_setaffinity(0, {{{core}}})\nend = time.time() + 20\n"
+    spin += "while time.time() < end:\n    pass\n"
+    hogs = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(2)]
+    out: dict[str, float] = {}
+
+    def measure() -> None:
+        os.sched_setaffinity(0, {core})  # this thread only
+        load = CpuLoad(SCHEDSTAT)
+        time.sleep(0.3)  # the hogs are pinned and spinning
+        t0, s0, c0 = time.monotonic(), SCHEDSTAT.read(), time.thread_time()
+        load.sample(t0)
+        while time.monotonic() - t0 < seconds:
+            pass
+        t1 = time.monotonic()
+        out["bound"] = float(bool(load.sample(t1)))
+        out["sched"] = (SCHEDSTAT.read() - s0) / (t1 - t0)
+        out["cpu"] = (time.thread_time() - c0) / (t1 - t0)
+
+    try:
+        t = threading.Thread(target=measure)
+        t.start()
+        t.join(15)
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait(10)
+    return out
+
+
+@needs_schedstat
+def test_a_loop_waiting_for_a_core_reads_as_bound_though_it_runs_a_third_of_the_time() -> None:
+    # Three spinners on one core: each runs about a third of the time and waits the rest. Its
+    # CPU time alone reads like a loop idle in its poll two thirds of the time (cpu_load.py).
+    got = _on_a_shared_core(0.5)
+    assert got["cpu"] < 0.6, got
+    assert got["sched"] >= 0.9, got
+    assert got["bound"] == 1.0, got
+
+
+@needs_schedstat
+def test_a_sleeping_loop_reads_as_free_on_the_run_queue_meter() -> None:
+    load = CpuLoad(SCHEDSTAT)
+    t0 = time.monotonic()
+    load.sample(t0)
+    time.sleep(0.2)
+    assert load.sample(time.monotonic()) is False
+
+
+def test_a_meter_reads_as_it_did_between_its_lines() -> None:
+    clock = [0.0]
+    load = CpuLoad(Meter("fake", lambda: clock[0], busy=0.85, idle=0.7))
+    load.sample(0.0)
+    clock[0] = 0.9  # 0.9 of a second
+    assert load.sample(1.0) is True
+    clock[0] += 0.75  # between the lines
+    assert load.sample(2.0) is True
+    clock[0] += 0.6  # under idle: free
+    assert load.sample(3.0) is False
+    clock[0] += 0.8  # under busy: still free
+    assert load.sample(4.0) is False

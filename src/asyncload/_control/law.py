@@ -52,9 +52,11 @@ last decision: at least 16, at most 64, so about one round trip):
 * **Caps and signals.** An explicit ``max_concurrency`` bounds every value the limit takes.
   While the worker's own CPU is what bounds it (``cpu_bound``: its loop or its CPU lane busy,
   ``_engine/cpu_load.py``), latency rises with its own queue: Vegas stops at that knee as at
-  a store's, but no probe is made, since a probe's round trip at ``probe_limit`` in flight
-  idles the CPU that bounds the worker (``bench_autotune`` (a) and (b): 0.78 and 0.89 of the
-  best fixed limit with it, 0.97 and 0.99 without). Other failures (500s, resets, timeouts)
+  a store's, but the probe waits for an epoch whose CPU is free, since a probe's round trip
+  at ``probe_limit`` in flight idles the CPU that bounds the worker (``bench_autotune`` (a)
+  and (b): 0.78 and 0.89 of the best fixed limit with it, 0.97 and 0.99 without). A worker
+  busy only with its start (opening connections at 128 in flight) probes once that is over;
+  one that stays bound never does. Other failures (500s, resets, timeouts)
   neither count as goodput nor cut, and their latencies are not samples.
 * **Sharing.** ``export`` gives a frozen ``LimitState`` (limit, unloaded latency and when it
   was measured, throttled limit and when); ``LimitState.combine`` merges the workers' states
@@ -417,15 +419,18 @@ class LimitController:
             self._probe_due = True
 
     def _start_probe(self, now: float) -> bool:
-        """Start the probe that is due, unless the worker's CPU bounds it (the probe would
-        idle that CPU for a round trip) or the limit is already that low."""
-        cfg = self.config
-        self._probe_due = False
-        if self._probed or self._cpu_bound or self._limit <= cfg.probe_limit:
+        """Start the probe that is due, unless the limit is already that low, or the worker's
+        CPU bounds it: the probe would idle that CPU for a round trip, so it stays due, for
+        the next epoch whose CPU is free."""
+        if self._probed or self._limit <= self.config.probe_limit:
+            self._probe_due = False
             return False
+        if self._cpu_bound:
+            return False
+        self._probe_due = False
         self._probed = True
         self._probe_return = self._limit
-        self._limit = self._clamp(float(cfg.probe_limit))
+        self._limit = self._clamp(float(self.config.probe_limit))
         self._new_epoch(now)
         return True
 

@@ -9,27 +9,89 @@ a few requests in flight for a round trip, which idles the very CPU that bounds 
 0.97 and 0.99 without it).
 
 ``CpuLoad`` measures, at most every ``EVERY`` seconds, the share of the wall time that the
-loop's thread spent on a CPU (``time.thread_time``: the caller is on that thread) and the
-share of its lane's threads that the lane's calls used; over ``BUSY`` of either is bound.
-Schedulers' run-queue waits are not seen (``/proc/<tid>/schedstat`` is often empty in
-containers), so a loop that is always runnable on an oversubscribed machine reads lower than
-1: ``BUSY`` leaves room for that.
+loop's thread was on a CPU *or waiting for one* (``Meter``), and the share of its lane's
+threads that the lane's calls used; a loop over its meter's ``busy`` line, or a lane over
+``LANE_BUSY``, is bound.
+
+Why the wait counts: a saturated loop is never idle in its poll, but on a machine whose cores
+are shared (two workers, the main process and a loopback store on 2 cores) it is not always on
+a core either. Its own CPU time alone cannot tell it from a loop that idles half the time:
+``bench_autotune`` (a) (100 KB objects, ~3,500/s per worker, saturated) used 0.4-0.9 of the
+wall time on a CPU, and (d) (small objects from a store with a line, ~750/s per worker, idle
+in its poll 40% of the time) 0.36-0.6, so a line at 0.4 read (d) as bound. Its loop then never
+probed the store's unloaded latency, took the latency under its own load (40 ms) as the
+unloaded one (25 ms), and kept about twice the store's knee in flight. On a CPU or waiting for
+one, the two read 0.95-1.0 and 0.5-0.65 (``/proc/thread-self/schedstat``'s first two fields);
+(d)'s p99 after the pass's first second went from 2.7x the unloaded p99 to 2.0x (medians of 8
+and 16 runs, 2026-11-27; the ranges, 2.2-3.6x and 1.3-3.9x, overlap on this noisy machine). Where that file is missing or empty (not Linux, some containers), the thread's CPU
+time with the old lines (0.4, 0.25) is what is left (``THREAD_TIME``).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from .._dataset import cpu as _cpu
 
-__all__ = ["CpuLoad"]
+__all__ = ["SCHEDSTAT", "THREAD_TIME", "CpuLoad", "Meter", "best_meter"]
+
+_SCHEDSTAT = "/proc/thread-self/schedstat"
+
+
+@dataclass(frozen=True, slots=True)
+class Meter:
+    """How the loop's thread is measured: a clock of its busy seconds, and its two lines.
+
+    ``read`` is called on the thread measured. Over ``busy`` of the wall time the thread reads
+    as bound; under ``idle`` as free again; between the two it reads as it did, so that a
+    loop near the line does not flip every measure.
+    """
+
+    name: str
+    read: Callable[[], float]
+    busy: float
+    idle: float
+
+
+def _on_or_waiting() -> float:
+    """Seconds the calling thread ran on a CPU or waited in a run queue for one (Linux)."""
+    with open(_SCHEDSTAT, "rb") as f:
+        run_ns, wait_ns = f.read().split()[:2]
+    return (int(run_ns) + int(wait_ns)) / 1e9
+
+
+SCHEDSTAT = Meter("schedstat", _on_or_waiting, busy=0.85, idle=0.7)
+"""On a CPU or waiting for one: a saturated loop reads ~1 however its machine's cores are
+shared (module doc)."""
+THREAD_TIME = Meter("thread_time", time.thread_time, busy=0.4, idle=0.25)
+"""On a CPU only, where run-queue waits cannot be read: a saturated loop read 0.3-0.8 on a
+machine whose 2 cores it shared, an I/O-bound one 0.12-0.6 (module doc): the lines are a
+compromise."""
+
+
+def best_meter() -> Meter:
+    """``SCHEDSTAT`` where the calling thread's run-queue figures can be read, else
+    ``THREAD_TIME``."""
+    try:
+        if _on_or_waiting() > 0:
+            return SCHEDSTAT
+    except (OSError, ValueError):
+        pass
+    return THREAD_TIME
 
 
 class CpuLoad:
     """Samples how busy this worker's CPU is; call ``sample`` from the loop's thread.
 
-    The first ``sample`` only starts the clocks, on the thread that calls it: an engine is
-    built on one thread and may run its loop on another (a thread worker).
+    The first ``sample`` picks the meter (``best_meter``) and starts the clocks, on the thread
+    that calls it: an engine is built on one thread and may run its loop on another (a thread
+    worker).
+
+    Args:
+        meter: How the loop's thread is measured; ``None``: ``best_meter()`` at the first
+            ``sample``.
 
     Examples:
         >>> load = CpuLoad()
@@ -43,18 +105,16 @@ class CpuLoad:
 
     EVERY = 0.1
     """Seconds between two measures: enough wall time that one long call does not decide."""
-    BUSY = 0.4
-    """The share of the wall time a thread (or the lane's threads, each) used on a CPU that
-    reads as bound; under ``IDLE`` it reads as free again, and between the two it reads as it
-    did (so that a loop near the line does not flip every measure). On a 2-core machine whose
-    cores two workers share with the main process and a loopback store, a saturated loop
-    used 0.3-0.8 of a core per 0.1 s (``bench_autotune`` (a), 100 KB objects at ~3,500/s per
-    worker), an I/O-bound one 0.12-0.3 ((d), ~800 small objects a second per worker)."""
-    IDLE = 0.25
+    LANE_BUSY = 0.4
+    """The share of the wall time the lane's threads, each, used on a CPU that reads as bound
+    (their CPU time: a lane's call cannot be told waiting from blocked on I/O); under
+    ``LANE_IDLE`` free again."""
+    LANE_IDLE = 0.25
 
-    __slots__ = ("_at", "_bound", "_lane_s", "_loop_s", "bound_s")
+    __slots__ = ("_at", "_bound", "_lane_s", "_loop_s", "bound_s", "meter")
 
-    def __init__(self) -> None:
+    def __init__(self, meter: Meter | None = None) -> None:
+        self.meter = meter
         self._at: float | None = None
         self._loop_s = self._lane_s = 0.0
         self._bound = False
@@ -68,20 +128,24 @@ class CpuLoad:
         return (0.0, 1) if lane is None else (lane.busy_s, lane.size)
 
     def sample(self, now: float) -> bool | None:
-        """Whether the loop's thread or the lane is busy (``BUSY``, ``IDLE``), from the time
-        since the last measure; ``None`` if less than ``EVERY`` has passed (nothing new)."""
+        """Whether the loop's thread or the lane is busy (``Meter``, ``LANE_BUSY``), from the
+        time since the last measure; ``None`` if less than ``EVERY`` has passed."""
         if self._at is None:
-            self._at, self._loop_s, self._lane_s = now, time.thread_time(), self._lane()[0]
+            if self.meter is None:
+                self.meter = best_meter()
+            self._at, self._loop_s, self._lane_s = now, self.meter.read(), self._lane()[0]
             return None
         elapsed = now - self._at
         if elapsed < self.EVERY:
             return None
-        loop_s, (lane_s, threads) = time.thread_time(), self._lane()
-        busy = max(loop_s - self._loop_s, (lane_s - self._lane_s) / threads) / elapsed
+        assert self.meter is not None
+        loop_s, (lane_s, threads) = self.meter.read(), self._lane()
+        loop = (loop_s - self._loop_s) / elapsed
+        lane = (lane_s - self._lane_s) / threads / elapsed
         self._at, self._loop_s, self._lane_s = now, loop_s, lane_s
-        if busy >= self.BUSY:
+        if loop >= self.meter.busy or lane >= self.LANE_BUSY:
             self._bound = True
-        elif busy < self.IDLE:
+        elif loop < self.meter.idle and lane < self.LANE_IDLE:
             self._bound = False
         if self._bound:
             self.bound_s += elapsed
