@@ -23,8 +23,9 @@ probed the store's unloaded latency, took the latency under its own load (40 ms)
 unloaded one (25 ms), and kept about twice the store's knee in flight. On a CPU or waiting for
 one, the two read 0.95-1.0 and 0.5-0.65 (``/proc/thread-self/schedstat``'s first two fields);
 (d)'s p99 after the pass's first second went from 2.7x the unloaded p99 to 2.0x (medians of 8
-and 16 runs, 2026-11-27; the ranges, 2.2-3.6x and 1.3-3.9x, overlap on this noisy machine). Where that file is missing or empty (not Linux, some containers), the thread's CPU
-time with the old lines (0.4, 0.25) is what is left (``THREAD_TIME``).
+and 16 runs, 2026-11-27; the ranges, 2.2-3.6x and 1.3-3.9x, overlap on this noisy machine).
+Where that file is missing or empty (not Linux, some containers), the thread's CPU time with
+the old lines (0.4, 0.25) is what is left (``THREAD_TIME``).
 """
 
 from __future__ import annotations
