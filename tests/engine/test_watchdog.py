@@ -82,10 +82,11 @@ def test_many_short_samples_in_one_turn_are_not_one_sample_holding_the_loop(
         (0.19, True, False, False),  # ran most of the hold: the sample computes
         (0.0, False, False, False),  # asleep outside the GIL: time.sleep, a blocking read
         (0.0, False, True, True),  # asleep on the GIL
+        (None, True, False, False),  # schedstat reads zeros: how long it ran is unknown
     ],
 )
 def test_a_loop_thread_kept_from_running_is_the_machines_doing_not_its_samples(
-    ran: float, runnable: bool, on_lock: bool, busy: bool
+    ran: float | None, runnable: bool, on_lock: bool, busy: bool
 ) -> None:
     # The engine's tests on a busy 2-core machine blamed a sample of 8 ms of CPU, at its
     # `return`, for holding the loop 0.12 s (test_many_short_samples... failed in 2 of 5 runs).

@@ -171,6 +171,9 @@ class LoopMonitor:
         task = f"/proc/self/task/{threading.get_native_id()}"
         self._schedstat, self._syscall = f"{task}/schedstat", f"{task}/syscall"
         self._stat = f"{task}/stat"
+        # Where schedstat reads as zeros (some containers), how long the thread ran is unknown:
+        # then only the GIL tells a busy machine (``machine_busy``).
+        self._ran_known = self._sched()[0] > 0
         self._beat = time.monotonic()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="asyncload-loop-monitor")
@@ -259,7 +262,12 @@ class LoopMonitor:
             if (
                 not stuck
                 and held < 5 * self._threshold
-                and machine_busy(held, ran - ran_at, self._runnable, self._waits_on_lock)
+                and machine_busy(
+                    held,
+                    ran - ran_at if self._ran_known else None,
+                    self._runnable,
+                    self._waits_on_lock,
+                )
             ):
                 continue  # (reported once it lasts)
             if reported and (stuck_warned or not stuck):
@@ -281,10 +289,10 @@ class LoopMonitor:
 
 
 def machine_busy(
-    held: float, ran: float, runnable: Callable[[], bool], on_lock: Callable[[], bool]
+    held: float, ran: float | None, runnable: Callable[[], bool], on_lock: Callable[[], bool]
 ) -> bool:
-    """Whether a loop thread that held its loop *held* seconds, *ran* of them on a CPU, was
-    kept from running by a busy machine rather than by its sample.
+    """Whether a loop thread that held its loop *held* seconds, *ran* of them on a CPU
+    (``None``: unknown), was kept from running by a busy machine rather than by its sample.
 
     Waiting for the GIL (*on_lock*: asleep on a futex), whose holder may itself wait for a
     CPU, is the machine's doing. So is waiting for a CPU: runnable now (*runnable*) and on a
@@ -302,8 +310,10 @@ def machine_busy(
         False
         >>> machine_busy(0.2, 0.0, runnable=never, on_lock=never)  # sleeps: time.sleep
         False
+        >>> machine_busy(0.2, None, runnable=lambda: True, on_lock=never)  # ran: unknown
+        False
     """
-    return on_lock() or (ran < held / 2 and runnable())
+    return on_lock() or (ran is not None and ran < held / 2 and runnable())
 
 
 def start_monitor(loop: Any, put: Callable[[object], None], worker_id: int) -> LoopMonitor | None:
