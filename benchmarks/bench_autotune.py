@@ -35,9 +35,11 @@ process. Columns:
 * throttled: the server's throttled answers / the requests it got (``GET /throttled``,
   ``GET /count``); req/sample: requests per sample delivered (retries and hedges show here);
 * p99: ``loader.stats().latency_p99`` (of the two loaders' worse in (c)); in (d) also over the
-  unloaded p99, and ``p99 after 1 s``: the p99 of the samples answered after the pass's first
-  ``SETTLE_S`` second, once the first batches and the limit's start are over (the target is
-  the whole run's; this one says how much of it the start is);
+  unloaded p99, and ``p99 after 1 s``: the p99 of the samples the workers had reported by the
+  last batch, less those they had reported by the first batch delivered after ``SETTLE_S``
+  (1 s), so roughly the samples answered after the first second, once the first batches and
+  the limit's start are over (the target is the whole run's; this one says how much of it the
+  start is);
 * peak: the most requests the store held at once during the row (its own count);
 * every row checks that each object arrived exactly once and, for (a)/(c)/(d), its bytes.
 

@@ -94,7 +94,15 @@ def test_a_loop_thread_kept_from_running_is_the_machines_doing_not_its_samples(
     assert got is busy
 
 
-@pytest.mark.skipif(not Path("/proc/thread-self/stat").exists(), reason="Linux /proc only")
+def _schedstat_reads() -> bool:
+    try:
+        with open("/proc/thread-self/schedstat", "rb") as f:
+            return int(f.read().split()[0]) > 0
+    except (OSError, IndexError, ValueError):
+        return False
+
+
+@pytest.mark.skipif(not _schedstat_reads(), reason="no /proc/thread-self/schedstat figures")
 def test_the_monitor_reads_whether_the_loop_thread_is_runnable() -> None:
     seen: dict[str, bool] = {}
     stop = threading.Event()
@@ -120,8 +128,8 @@ def test_the_monitor_reads_whether_the_loop_thread_is_runnable() -> None:
         time.sleep(0.05)
         ran0 = monitors[-1]._sched()[0]
         seen[f"runnable {spin}"] = any(monitors[-1]._runnable() for _ in range(20))
-        time.sleep(0.1)
-        seen[f"ran {spin}"] = monitors[-1]._sched()[0] - ran0 > 0.03
+        time.sleep(0.2)
+        seen[f"ran {spin}"] = monitors[-1]._sched()[0] - ran0 > 0.02
         stop.set()
         t.join(5)
     assert seen == {

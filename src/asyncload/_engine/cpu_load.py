@@ -30,6 +30,7 @@ the old lines (0.4, 0.25) is what is left (``THREAD_TIME``).
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -88,7 +89,9 @@ class CpuLoad:
 
     The first ``sample`` picks the meter (``best_meter``) and starts the clocks, on the thread
     that calls it: an engine is built on one thread and may run its loop on another (a thread
-    worker).
+    worker). Calls from any other thread say nothing (``None``): a sync ``__getitem__``'s
+    retry may give its slot back from the loop of ``asyncload.read_sync``, whose thread's
+    clock is not the loop's.
 
     Args:
         meter: How the loop's thread is measured; ``None``: ``best_meter()`` at the first
@@ -112,15 +115,26 @@ class CpuLoad:
     ``LANE_IDLE`` free again."""
     LANE_IDLE = 0.25
 
-    __slots__ = ("_at", "_bound", "_lane_s", "_loop_s", "bound_s", "meter")
+    __slots__ = ("_at", "_bound", "_lane_s", "_loop_s", "_thread", "bound_s", "meter")
 
     def __init__(self, meter: Meter | None = None) -> None:
         self.meter = meter
+        self._thread: int | None = None
         self._at: float | None = None
         self._loop_s = self._lane_s = 0.0
         self._bound = False
         # Wall seconds of the measures that read as bound (``LoaderStats.cpu_bound_s``).
         self.bound_s = 0.0
+
+    def _read(self) -> float:
+        """The meter's clock; a meter that fails (a file that cannot be opened any more: out
+        of descriptors) gives way to ``THREAD_TIME`` and the clocks start again."""
+        assert self.meter is not None
+        try:
+            return self.meter.read()
+        except (OSError, ValueError):
+            self.meter, self._at = THREAD_TIME, None
+            return THREAD_TIME.read()
 
     @staticmethod
     def _lane() -> tuple[float, int]:
@@ -134,16 +148,20 @@ class CpuLoad:
         if self._at is None:
             if self.meter is None:
                 self.meter = best_meter()
-            self._at, self._loop_s, self._lane_s = now, self.meter.read(), self._lane()[0]
+            self._thread = threading.get_ident()
+            self._at, self._loop_s, self._lane_s = now, self._read(), self._lane()[0]
             return None
         elapsed = now - self._at
-        if elapsed < self.EVERY:
+        if elapsed < self.EVERY or threading.get_ident() != self._thread:
             return None
-        assert self.meter is not None
-        loop_s, (lane_s, threads) = self.meter.read(), self._lane()
+        loop_s, (lane_s, threads) = self._read(), self._lane()
+        restart, self._at = self._at is None, now  # restart: the meter gave way (_read)
         loop = (loop_s - self._loop_s) / elapsed
         lane = (lane_s - self._lane_s) / threads / elapsed
-        self._at, self._loop_s, self._lane_s = now, loop_s, lane_s
+        self._loop_s, self._lane_s = loop_s, lane_s
+        if restart:
+            return None
+        assert self.meter is not None
         if loop >= self.meter.busy or lane >= self.LANE_BUSY:
             self._bound = True
         elif loop < self.meter.idle and lane < self.LANE_IDLE:

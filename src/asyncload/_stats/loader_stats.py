@@ -119,10 +119,11 @@ class LoaderStats:
     ``decode_in_thread`` decoders)."""
     cpu_bound_s: float = 0.0
     """Wall seconds during which a worker's own CPU was what bounded it, summed over workers:
-    its event loop's thread (or its CPU lane) busy at least 0.4 of the time, measured every
-    0.1 s. It tells a worker that runs out of CPU from one that waits on its store where its
-    cores are shared (another process or the store itself running on them), so that
-    ``worker_cpu_s`` stays well under the cores it was given."""
+    its event loop's thread on a core or waiting for one at least 0.85 of the time (Linux;
+    elsewhere its CPU time, 0.4), or its CPU lane busy, measured every 0.1 s
+    (``_engine/cpu_load.py``). It tells a worker that runs out of CPU from one that waits on
+    its store where its cores are shared (another process or the store itself running on
+    them), so that ``worker_cpu_s`` stays well under the cores it was given."""
     bound_by: str = ""
     """Which stage holds the pass back, from the figures above: ``"consumer"`` (the training
     loop waited for data less than a tenth of the time: the loader keeps up), ``"transfer"``
