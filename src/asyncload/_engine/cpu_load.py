@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 from .._dataset import cpu as _cpu
 
-__all__ = ["SCHEDSTAT", "THREAD_TIME", "CpuLoad", "Meter", "best_meter"]
+__all__ = ["SCHEDSTAT", "THREAD_TIME", "CpuLoad", "Meter", "best_meter", "schedstat"]
 
 _SCHEDSTAT = "/proc/thread-self/schedstat"
 
@@ -57,11 +57,17 @@ class Meter:
     idle: float
 
 
+def schedstat(path: str = _SCHEDSTAT) -> tuple[float, float]:
+    """Seconds a thread (the calling one by default) ran on a CPU, and waited in a run queue
+    for one (Linux). Raises ``OSError`` or ``ValueError`` where the file cannot be read."""
+    with open(path, "rb") as f:
+        run_ns, wait_ns = f.read().split()[:2]
+    return int(run_ns) / 1e9, int(wait_ns) / 1e9
+
+
 def _on_or_waiting() -> float:
     """Seconds the calling thread ran on a CPU or waited in a run queue for one (Linux)."""
-    with open(_SCHEDSTAT, "rb") as f:
-        run_ns, wait_ns = f.read().split()[:2]
-    return (int(run_ns) + int(wait_ns)) / 1e9
+    return sum(schedstat())
 
 
 SCHEDSTAT = Meter("schedstat", _on_or_waiting, busy=0.85, idle=0.7)

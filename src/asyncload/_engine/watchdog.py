@@ -28,6 +28,7 @@ from typing import Any
 
 from .._dataset.calling import _FETCH_CODE
 from .._exceptions import PACKAGE_DIR
+from .cpu_load import schedstat
 
 __all__ = [
     "LoopBlocked",
@@ -191,10 +192,8 @@ class LoopMonitor:
         zeros. A wait still going on is not in the second figure yet: the kernel adds it when
         the thread gets a CPU again."""
         try:
-            with open(self._schedstat, "rb") as f:
-                ran, waited = f.read().split()[:2]
-            return int(ran) / 1e9, int(waited) / 1e9
-        except (OSError, IndexError, ValueError):
+            return schedstat(self._schedstat)
+        except (OSError, ValueError):  # (an empty file: too few values to unpack)
             return 0.0, 0.0
 
     def _runnable(self) -> bool:
