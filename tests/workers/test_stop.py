@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import signal
 import subprocess
@@ -17,6 +18,7 @@ import psutil
 import pytest
 
 import asyncload
+from asyncload._workers.reaper import reaper
 from asyncload._workers.stop import DoneFlag, release_elsewhere
 
 from .._datasets import (
@@ -390,6 +392,32 @@ def test_worker_killed_while_its_shared_memory_batches_queue_up() -> None:
     os.kill(victim, signal.SIGKILL)
     with pytest.raises(asyncload.WorkerError, match=rf"pid {victim}.*SIGKILL"):
         _drain(it)
+
+
+@pytest.mark.timeout(60)
+def test_a_killed_worker_leaves_no_feeder_thread_blocked_on_its_index_queue() -> None:
+    """Tasks a dead worker never read fill its index queue's pipe, whose only read end is then
+    the main process's own: the queue's feeder thread blocked on it for ever, and the queue's
+    semaphores stayed in /dev/shm until the process exited (seen in 4 of 40 kills of a worker
+    whose batches queued up). The stop closes that end."""
+    loader = asyncload.DataLoader(SyncNumbers(10**6), batch_size=4, num_workers=2)
+    it = iter(loader)
+    next(it)
+    victim = it.worker_pids[1]
+    os.kill(victim, signal.SIGSTOP)  # reads nothing more
+    index_queue = it._engines._index_queues[1]
+    index_queue.put(((), b"x" * (1 << 20)))  # more than the pipe holds: its feeder blocks
+    feeder = index_queue._thread
+    os.kill(victim, signal.SIGKILL)
+    with pytest.raises(asyncload.WorkerError, match=rf"pid {victim}.*SIGKILL"):
+        _drain(it)
+    del it, index_queue
+    gc.collect()
+    reaper.drain(10)
+    deadline = time.monotonic() + 10
+    while feeder.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not feeder.is_alive(), "the feeder thread still writes to a dead worker's queue"
 
 
 def test_persistent_loader_recovers_from_a_worker_killed_between_epochs() -> None:

@@ -54,8 +54,9 @@ shutdown sequence:
 2. put ``Shutdown`` on every index queue; the worker's reader thread forwards it to the engine,
    which cancels its in-flight fetches, closes its storage clients and returns;
 3. join each worker for a few seconds, then ``terminate()``, then ``kill()``;
-4. ``cancel_join_thread()`` and ``close()`` every queue, so no feeder thread blocks the exit;
-   ``close()`` every exited process;
+4. ``cancel_join_thread()`` and ``close()`` every queue, so no feeder thread blocks the exit,
+   after closing this process's read end of each exited worker's index queue, so that no
+   feeder thread stays blocked on a pipe nobody reads; ``close()`` every exited process;
 5. let go of the queues, event and processes in another thread, so that their finalizers can't
    swallow a Ctrl-C (NOTE [ Ctrl-C and finalizers ] in ``_workers/stop.py``).
 

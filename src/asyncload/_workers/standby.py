@@ -71,6 +71,10 @@ class Standby:
             for worker_id in range(count):
                 index_queue = context.Queue()
                 index_queue.cancel_join_thread()  # as ProcessWorkers' own queues
+                # A broken pipe (its worker gone, and this process's read end closed by the
+                # stop, step 4 of NOTE [ Data flow and shutdown ]) ends the feeder thread
+                # quietly; set before the first put starts that thread with it.
+                index_queue._ignore_epipe = True
                 self.index_queues.append(index_queue)  # closed by close() whatever fails next
                 # A queue's first put starts its feeder thread (~1 ms on a busy machine):
                 # here, not in iter(). (freed, None) is "releases only", which the worker skips.

@@ -150,6 +150,16 @@ def stop_processes(
         if w.is_alive():  # pragma: no cover - SIGTERM ignored
             w.kill()
             w.join(1.0)
+    # strict=False: a standby whose next process failed to start holds one queue more.
+    for w, q in zip(procs, index_queues, strict=False):
+        if not w.is_alive():
+            # This process now holds the pipe's only read end. A feeder thread blocked on the
+            # full pipe (tasks a killed or stuck worker never read) would wait on it for ever,
+            # and keep the queue's semaphores named in /dev/shm until this process exits. Closed,
+            # the write fails with EPIPE, the feeder's quiet end (``_ignore_epipe``, standby.py).
+            # Before close(): the feeder closes this end itself at close()'s sentinel, and two
+            # threads must not both close one descriptor.
+            q._reader.close()
     for q in [*index_queues, result_queue]:
         q.cancel_join_thread()
         q.close()
