@@ -586,3 +586,25 @@ def test_a_forked_child_does_not_inherit_the_pool_or_mappings() -> None:
     finally:
         _shm.pool = saved
         _shm.unregister_token(token)
+
+
+# -- what a killed worker left of torch's own path ------------------------------------------
+
+
+def test_sweep_dead_unlinks_the_dead_workers_torch_segments_only(tmp_path: Any) -> None:
+    names = ["torch_123_9_1", "torch_123_77_2", "torch_1234_9_1", "torch_12_3_4", "sem.mp-x"]
+    for name in names:
+        (tmp_path / name).write_bytes(b"")
+    assert sorted(_shm.sweep_dead(123, str(tmp_path))) == ["torch_123_77_2", "torch_123_9_1"]
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == ["sem.mp-x", "torch_1234_9_1", "torch_12_3_4"]
+
+
+def test_sweep_dead_leaves_file_system_segments_named(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Under file_system a name lives as long as its storage, which this process may hold.
+    monkeypatch.setattr(torch.multiprocessing, "get_sharing_strategy", lambda: "file_system")
+    (tmp_path / "torch_123_9_1").write_bytes(b"")
+    assert _shm.sweep_dead(123, str(tmp_path)) == []
+    assert (tmp_path / "torch_123_9_1").exists()

@@ -394,6 +394,32 @@ def test_worker_killed_while_its_shared_memory_batches_queue_up() -> None:
         _drain(it)
 
 
+def test_a_worker_killed_inside_torchs_shared_memory_window_leaves_nothing_named() -> None:
+    """torch names a batch's segment, maps it, then unlinks the name: a worker killed in between
+    left /dev/shm/torch_<its pid>_... for good (seen once in CI). Such a name is planted here,
+    as that kill would leave it; the stop unlinks it, and not another process's."""
+    loader = asyncload.DataLoader(SyncNumbers(10**6), batch_size=4, num_workers=2)
+    it = iter(loader)
+    next(it)
+    victim = it.worker_pids[1]
+    os.kill(victim, signal.SIGKILL)
+    window = Path(f"/dev/shm/torch_{victim}_4042009500_41")
+    other = Path(f"/dev/shm/torch_{os.getpid()}_4042009500_99999")
+    window.write_bytes(b"")
+    other.write_bytes(b"")
+    try:
+        with pytest.raises(asyncload.WorkerError, match=rf"pid {victim}.*SIGKILL"):
+            _drain(it)
+        del it
+        gc.collect()
+        reaper.drain(10)
+        assert not window.exists()
+        assert other.exists()
+    finally:
+        window.unlink(missing_ok=True)
+        other.unlink(missing_ok=True)
+
+
 @pytest.mark.timeout(60)
 def test_a_killed_worker_leaves_no_feeder_thread_blocked_on_its_index_queue() -> None:
     """Tasks a dead worker never read fill its index queue's pipe, whose only read end is then

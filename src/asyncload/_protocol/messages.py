@@ -53,7 +53,8 @@ shutdown sequence:
    second if a killed worker left the event's lock taken (``_workers/stop.py`` ``DoneFlag``);
 2. put ``Shutdown`` on every index queue; the worker's reader thread forwards it to the engine,
    which cancels its in-flight fetches, closes its storage clients and returns;
-3. join each worker for a few seconds, then ``terminate()``, then ``kill()``;
+3. join each worker for a few seconds, then ``terminate()``, then ``kill()``; unlink what a
+   worker killed by a signal left in ``/dev/shm`` (``_transfer.shm.sweep_dead``);
 4. ``cancel_join_thread()`` and ``close()`` every queue, so no feeder thread blocks the exit,
    after closing this process's read end of each exited worker's index queue, so that no
    feeder thread stays blocked on a pipe nobody reads; ``close()`` every exited process;

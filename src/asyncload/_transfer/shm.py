@@ -38,7 +38,10 @@ Rules that keep it safe:
 * Views of one ordinary storage are copied once, as one block, so they still share it after the
   crossing, as with torch's own path.
 * When the pool is full (a training loop keeping many batches, or batches too big for it),
-  allocation falls back to torch's own shared memory: slower, never wrong.
+  allocation falls back to torch's own shared memory: slower, never wrong. torch names such a
+  segment and unlinks the name once it is mapped; a worker killed in between leaves it in
+  ``/dev/shm`` for good, so the stop unlinks what a worker killed by a signal left
+  (:func:`sweep_dead`).
 * Large tensors that are not in shared memory (a ``collate_fn`` that builds ordinary tensors)
   are copied into a block when they are pickled, instead of into a fresh segment.
 * memfd blocks have no name: whatever process dies, nothing is left in ``/dev/shm``, and a
@@ -93,6 +96,7 @@ __all__ = [
     "pool",
     "reduce_tensor",
     "register_token",
+    "sweep_dead",
     "take_freed",
     "unpickling",
     "unregister_token",
@@ -101,6 +105,37 @@ __all__ = [
 
 def supported() -> bool:
     return hasattr(os, "memfd_create")
+
+
+_SHM_DIR = "/dev/shm"
+
+
+def sweep_dead(pid: int, shm_dir: str = _SHM_DIR) -> list[str]:
+    """Unlink the segments torch's own path left named by worker *pid*, killed by a signal;
+    their names.
+
+    torch calls a segment ``torch_<pid>_<random>_<n>`` and, with the ``file_descriptor`` sharing
+    strategy (Linux's default), unlinks the name as soon as it has mapped it: a name of a dead
+    process is one it was killed in the middle of making (seen: an 800 KB batch, after a SIGKILL
+    on a loaded machine). Not with ``file_system``, whose names live as long as their storages,
+    which this process may hold.
+    """
+    strategy = torch.multiprocessing.get_sharing_strategy()  # type: ignore[no-untyped-call]
+    if strategy != "file_descriptor":
+        return []
+    prefix = f"torch_{pid}_"
+    try:
+        names = [n for n in os.listdir(shm_dir) if n.startswith(prefix)]
+    except OSError:  # no /dev/shm (macOS): torch names its segments elsewhere
+        return []
+    swept = []
+    for name in names:
+        try:
+            os.unlink(os.path.join(shm_dir, name))
+        except OSError:  # gone meanwhile, or not ours to remove
+            continue
+        swept.append(name)
+    return swept
 
 
 # ── the worker process's pool and torch's hooks ──────────────────────────────────────────────

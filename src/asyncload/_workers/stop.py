@@ -33,6 +33,7 @@ import weakref
 from typing import Any
 
 from .._protocol.messages import Shutdown
+from .._transfer.shm import sweep_dead
 
 __all__ = ["JOIN_TIMEOUT", "DoneFlag", "release_elsewhere", "shared_polling", "stop_processes"]
 
@@ -150,6 +151,10 @@ def stop_processes(
         if w.is_alive():  # pragma: no cover - SIGTERM ignored
             w.kill()
             w.join(1.0)
+    for w in procs:
+        code = w.exitcode
+        if code is not None and code < 0:  # killed mid-anything, perhaps inside torch's window
+            sweep_dead(w.pid)
     # strict=False: a standby whose next process failed to start holds one queue more.
     for w, q in zip(procs, index_queues, strict=False):
         if not w.is_alive():
