@@ -128,8 +128,8 @@ class LimitController:
         16
         >>> c.started(0.1)
         >>> c.finished(0.11, Outcome.THROTTLED, latency=0.01)
-        >>> c.limit  # cut at once, to 0.8 of it
-        12
+        >>> c.limit  # cut at once; in slow start, the doubling taken back
+        8
         >>> LimitController(cap=4, now=0.0).limit
         4
     """
