@@ -591,13 +591,26 @@ def test_a_forked_child_does_not_inherit_the_pool_or_mappings() -> None:
 # -- what a killed worker left of torch's own path ------------------------------------------
 
 
+# Above PID_MAX_LIMIT (2**22): no process ever has it.
+_DEAD = 4_194_305
+
+
 def test_sweep_dead_unlinks_the_dead_workers_torch_segments_only(tmp_path: Any) -> None:
-    names = ["torch_123_9_1", "torch_123_77_2", "torch_1234_9_1", "torch_12_3_4", "sem.mp-x"]
-    for name in names:
+    d = _DEAD
+    names = [f"torch_{d}_9_1", f"torch_{d}_77_2", f"torch_{d}1_9_1", f"torch_{d // 10}_3_4"]
+    for name in [*names, "sem.mp-x"]:
         (tmp_path / name).write_bytes(b"")
-    assert sorted(_shm.sweep_dead(123, str(tmp_path))) == ["torch_123_77_2", "torch_123_9_1"]
+    assert sorted(_shm.sweep_dead(d, str(tmp_path))) == sorted(names[:2])
     left = sorted(p.name for p in tmp_path.iterdir())
-    assert left == ["sem.mp-x", "torch_1234_9_1", "torch_12_3_4"]
+    assert left == sorted([*names[2:], "sem.mp-x"])
+
+
+def test_sweep_dead_leaves_a_live_pids_names(tmp_path: Any) -> None:
+    # The pid in use again (the dead worker's was reaped long ago): the names may be the new
+    # process's, between its shm_open and its unlink.
+    (tmp_path / f"torch_{os.getpid()}_9_1").write_bytes(b"")
+    assert _shm.sweep_dead(os.getpid(), str(tmp_path)) == []
+    assert (tmp_path / f"torch_{os.getpid()}_9_1").exists()
 
 
 def test_sweep_dead_leaves_file_system_segments_named(
@@ -605,6 +618,6 @@ def test_sweep_dead_leaves_file_system_segments_named(
 ) -> None:
     # Under file_system a name lives as long as its storage, which this process may hold.
     monkeypatch.setattr(torch.multiprocessing, "get_sharing_strategy", lambda: "file_system")
-    (tmp_path / "torch_123_9_1").write_bytes(b"")
-    assert _shm.sweep_dead(123, str(tmp_path)) == []
-    assert (tmp_path / "torch_123_9_1").exists()
+    (tmp_path / f"torch_{_DEAD}_9_1").write_bytes(b"")
+    assert _shm.sweep_dead(_DEAD, str(tmp_path)) == []
+    assert (tmp_path / f"torch_{_DEAD}_9_1").exists()

@@ -421,7 +421,9 @@ def test_a_worker_killed_inside_torchs_shared_memory_window_leaves_nothing_named
 
 
 @pytest.mark.timeout(60)
-def test_a_killed_worker_leaves_no_feeder_thread_blocked_on_its_index_queue() -> None:
+def test_a_killed_worker_leaves_no_feeder_thread_blocked_on_its_index_queue(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
     """Tasks a dead worker never read fill its index queue's pipe, whose only read end is then
     the main process's own: the queue's feeder thread blocked on it for ever, and the queue's
     semaphores stayed in /dev/shm until the process exited (seen in 4 of 40 kills of a worker
@@ -444,6 +446,7 @@ def test_a_killed_worker_leaves_no_feeder_thread_blocked_on_its_index_queue() ->
     while feeder.is_alive() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not feeder.is_alive(), "the feeder thread still writes to a dead worker's queue"
+    assert "Traceback" not in capfd.readouterr().err  # it ended quietly, on EPIPE
 
 
 def test_persistent_loader_recovers_from_a_worker_killed_between_epochs() -> None:

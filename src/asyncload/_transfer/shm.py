@@ -123,6 +123,14 @@ def sweep_dead(pid: int, shm_dir: str = _SHM_DIR) -> list[str]:
     strategy = torch.multiprocessing.get_sharing_strategy()  # type: ignore[no-untyped-call]
     if strategy != "file_descriptor":
         return []
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        pass  # gone, as a dead worker is once reaped
+    except OSError:
+        return []  # the pid is in use again: the names may be the new process's
+    else:
+        return []
     prefix = f"torch_{pid}_"
     try:
         names = [n for n in os.listdir(shm_dir) if n.startswith(prefix)]

@@ -34,7 +34,13 @@ from .child import worker_main
 from .pin_memory import PinMemoryThread
 from .reaper import reaper
 from .start_method.context import diagnose_pickling, find_unpicklable
-from .stop import DoneFlag, release_elsewhere, shared_polling, stop_processes
+from .stop import (
+    DoneFlag,
+    new_index_queue,
+    release_elsewhere,
+    shared_polling,
+    stop_processes,
+)
 
 if TYPE_CHECKING:
     from .standby import StandbySlot
@@ -167,9 +173,7 @@ class ProcessWorkers:
         self._last_check = time.monotonic()
 
     def _start_one(self, context: Any, cfg: WorkerConfig, sent_objects: dict[str, Any]) -> None:
-        index_queue = context.Queue()
-        # Fail fast (or keep going) regardless of a Ctrl-C the main process handles.
-        index_queue.cancel_join_thread()
+        index_queue = new_index_queue(context)
         proc = context.Process(
             target=worker_main,
             # A worker that can't unpickle its config says so (see _shipping).

@@ -43,7 +43,14 @@ from .._protocol.messages import Standing
 from .._storage import api as _storage
 from .._storage.api import StorageConfig
 from .reaper import budget, reaper
-from .stop import JOIN_TIMEOUT, DoneFlag, release_elsewhere, shared_polling, stop_processes
+from .stop import (
+    JOIN_TIMEOUT,
+    DoneFlag,
+    new_index_queue,
+    release_elsewhere,
+    shared_polling,
+    stop_processes,
+)
 
 __all__ = ["Standby", "StandbySlot"]
 
@@ -69,12 +76,7 @@ class Standby:
         standing = Standing(os.getpid(), storage, pool_size, dict(os.environ))
         try:
             for worker_id in range(count):
-                index_queue = context.Queue()
-                index_queue.cancel_join_thread()  # as ProcessWorkers' own queues
-                # A broken pipe (its worker gone, and this process's read end closed by the
-                # stop, step 4 of NOTE [ Data flow and shutdown ]) ends the feeder thread
-                # quietly; set before the first put starts that thread with it.
-                index_queue._ignore_epipe = True
+                index_queue = new_index_queue(context)
                 self.index_queues.append(index_queue)  # closed by close() whatever fails next
                 # A queue's first put starts its feeder thread (~1 ms on a busy machine):
                 # here, not in iter(). (freed, None) is "releases only", which the worker skips.

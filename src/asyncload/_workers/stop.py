@@ -26,6 +26,7 @@ import atexit
 import multiprocessing.connection
 import multiprocessing.util  # its exit handler must be registered before ours (see the end)
 import os
+import signal
 import sys
 import threading
 import time
@@ -35,7 +36,14 @@ from typing import Any
 from .._protocol.messages import Shutdown
 from .._transfer.shm import sweep_dead
 
-__all__ = ["JOIN_TIMEOUT", "DoneFlag", "release_elsewhere", "shared_polling", "stop_processes"]
+__all__ = [
+    "JOIN_TIMEOUT",
+    "DoneFlag",
+    "new_index_queue",
+    "release_elsewhere",
+    "shared_polling",
+    "stop_processes",
+]
 
 # Seconds to wait for a worker to exit on its own before terminate(), then kill().
 JOIN_TIMEOUT = 5.0
@@ -122,6 +130,36 @@ else:
                 return super().poll(os.WNOHANG)
 
 
+def new_index_queue(context: Any) -> Any:
+    """A worker's index queue, ready for the stop (NOTE [ Data flow and shutdown ], step 4)."""
+    queue = context.Queue()
+    # Fail fast (or keep going) regardless of a Ctrl-C the main process handles.
+    queue.cancel_join_thread()
+    # A broken pipe (its worker gone, and this process's read end closed by the stop) ends the
+    # feeder thread quietly, where it would print a traceback per message still buffered. Read
+    # when the first put starts that thread.
+    queue._ignore_epipe = True
+    return queue
+
+
+def _unblock_feeder(queue: Any) -> None:
+    """Close this process's read end of *queue*, whose worker has exited.
+
+    That end is then the pipe's only one, so a feeder thread blocked on the full pipe (tasks a
+    killed or stuck worker never read) would wait on it for ever, and keep the queue's
+    semaphores named in /dev/shm until this process exits. Closed, the write fails with EPIPE,
+    the feeder's quiet end (``new_index_queue``). Called before ``close()``: the feeder closes
+    this end itself at ``close()``'s sentinel, and two threads must not both close one
+    descriptor.
+    """
+    finalizer = getattr(queue, "_close", None)
+    if finalizer is None or not finalizer.still_active():
+        return  # no feeder thread, or it was sent the sentinel already (at exit, say)
+    if signal.getsignal(signal.SIGPIPE) == signal.SIG_DFL:
+        return  # the write would kill this process (a script that restored SIGPIPE), not fail
+    queue._reader.close()
+
+
 def stop_processes(
     procs: list[Any],
     index_queues: list[Any],
@@ -158,13 +196,7 @@ def stop_processes(
     # strict=False: a standby whose next process failed to start holds one queue more.
     for w, q in zip(procs, index_queues, strict=False):
         if not w.is_alive():
-            # This process now holds the pipe's only read end. A feeder thread blocked on the
-            # full pipe (tasks a killed or stuck worker never read) would wait on it for ever,
-            # and keep the queue's semaphores named in /dev/shm until this process exits. Closed,
-            # the write fails with EPIPE, the feeder's quiet end (``_ignore_epipe``, standby.py).
-            # Before close(): the feeder closes this end itself at close()'s sentinel, and two
-            # threads must not both close one descriptor.
-            q._reader.close()
+            _unblock_feeder(q)
     for q in [*index_queues, result_queue]:
         q.cancel_join_thread()
         q.close()
