@@ -226,6 +226,7 @@ WHOLE_LIBRARY: dict[str, str] = {
     "test_benchmarks.py": "benchmarks/ scripts run with --quick",
     "test_distributed.py": "torchrun and resume in a new process, across the loader's layers",
     "test_docs.py": "the documentation site builds and its examples run",
+    "test_docstrings.py": "the examples in every module's docstrings run (doctest)",
     "test_dropin.py": "torch DataLoader behaviours that code swapping in asyncload relies on",
     "test_examples.py": "examples/*.py run to completion",
     "test_exports.py": "the public facade (__init__.py's __all__)",
