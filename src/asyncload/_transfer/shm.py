@@ -118,7 +118,8 @@ def sweep_dead(pid: int, shm_dir: str = _SHM_DIR) -> list[str]:
     strategy (Linux's default), unlinks the name as soon as it has mapped it: a name of a dead
     process is one it was killed in the middle of making (seen: an 800 KB batch, after a SIGKILL
     on a loaded machine). Not with ``file_system``, whose names live as long as their storages,
-    which this process may hold.
+    which this process may hold, and not while a process has *pid*: a dead worker's was reaped
+    before the stop, so that one is new, and the names may be its own.
     """
     strategy = torch.multiprocessing.get_sharing_strategy()  # type: ignore[no-untyped-call]
     if strategy != "file_descriptor":
@@ -127,9 +128,9 @@ def sweep_dead(pid: int, shm_dir: str = _SHM_DIR) -> list[str]:
         os.kill(pid, 0)
     except ProcessLookupError:
         pass  # gone, as a dead worker is once reaped
-    except OSError:
-        return []  # the pid is in use again: the names may be the new process's
-    else:
+    except OSError:  # in use again, by another user's process
+        return []
+    else:  # in use again
         return []
     prefix = f"torch_{pid}_"
     try:
