@@ -604,7 +604,9 @@ def python_http_server(tmp_path: Path) -> Iterator[int]:
 async def test_small_listen_backlog_sees_no_syn_retry_stalls(python_http_server: int) -> None:
     # `python -m http.server`: a listen backlog of 5 and a new connection per request
     # (HTTP/1.0). A burst of 64 connections overflows it; the dropped ones wait for the
-    # kernel's SYN retry at 1 s (then 3 s). Paced, none does.
+    # kernel's SYN retry at 1 s (then 3 s). Paced, none does: a burst of 8 still overflows it
+    # when the server is slow to accept (a busy machine), and those connects are raced by fresh
+    # ones (test_pacing.py: test_a_connect_whose_syn_was_dropped_is_raced_by_a_fresh_one).
     port = python_http_server
     _storage.set_pool_size(64)
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import psutil
 import pytest
 
 import asyncload
@@ -519,8 +520,9 @@ async def test_an_overflowed_accept_queue_caps_the_host_from_then_on(
     _storage.configure(slow_accept.url, hedge=None, connect_timeout=30)
     _storage.set_pool_size(16)
     before = _listen_overflows()
-    # A new host's burst (4) does not fit a queue of two: the kernel drops SYNs, which it
-    # retries after 1 s. That connect's time is the evidence; the host is capped.
+    # A new host's burst (8) does not fit a queue of two: the kernel drops SYNs, which it
+    # retries after 1 s. A first attempt still under way at SYN_RETRY is the evidence (its fresh
+    # rivals find room sooner, or not), so the pass, 16 accepts 50 ms apart, outlasts it.
     assert await _timed_reads([f"{slow_accept.url}/{i}" for i in range(16)]) >= _pacing.SYN_RETRY
     if before is not None:
         assert (_listen_overflows() or 0) > before  # the drops were real
@@ -537,6 +539,162 @@ async def test_an_overflowed_accept_queue_caps_the_host_from_then_on(
     assert await _timed_reads([f"{slow_accept.url}/{i}" for i in range(16, 48)]) < 0.9
     if before is not None:
         assert _listen_overflows() == before
+
+
+class GatedServer:
+    """An HTTP server with a listen backlog of 0 (one connection waits, at most) that accepts
+    only while ``accepting`` is set: a connection left in its queue meanwhile (``fill``) makes
+    the kernel drop the next SYN. ``GET /{i}`` answers 100 bytes of ``i % 256``, then closes.
+    Threads, all daemonic; ``close()`` stops accepting."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(0)
+        self.sock.settimeout(0.01)
+        self.port = self.sock.getsockname()[1]
+        self.key = f"127.0.0.1:{self.port}"
+        self.accepting = threading.Event()
+        self._closed = threading.Event()
+        self._idle = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self._closed.is_set():
+            if not self.accepting.is_set():
+                self._idle.set()
+                self.accepting.wait(0.01)
+                continue
+            self._idle.clear()
+            try:
+                conn, _ = self.sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:  # closed
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        conn.settimeout(10)  # bounded: an idle connection ends by itself
+        with conn:
+            try:
+                head = b""
+                while b"\r\n\r\n" not in head:
+                    data = conn.recv(65536)
+                    if not data:
+                        return
+                    head += data
+                i = int(head.split(b" ")[1].strip(b"/"))
+                conn.sendall(
+                    b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\nConnection: close\r\n\r\n"
+                    + bytes([i % 256]) * 100
+                )
+            except OSError:
+                return
+
+    def fill(self) -> socket.socket:
+        """Stop accepting, and leave one connection in the queue: it is full."""
+        self.accepting.clear()
+        self._idle.clear()
+        assert self._idle.wait(5)  # out of accept(): the filler stays queued
+        return socket.create_connection(("127.0.0.1", self.port), timeout=5)
+
+    def close(self) -> None:
+        self._closed.set()
+        self.sock.close()
+
+
+@pytest.fixture
+def gated() -> Iterator[GatedServer]:
+    server = GatedServer()
+    server.accepting.set()
+    yield server
+    server.close()
+
+
+def _syn_sent(port: int) -> int:
+    """This process's sockets still connecting to *port* on 127.0.0.1."""
+    me = psutil.Process()
+    connections = getattr(me, "net_connections", None) or me.connections  # psutil < 6
+    return sum(
+        1
+        for c in connections(kind="tcp")
+        if c.raddr and c.raddr.port == port and c.status == psutil.CONN_SYN_SENT
+    )
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("hedges", [0, _pacing.HEDGES])
+async def test_a_connect_whose_syn_was_dropped_is_raced_by_a_fresh_one(
+    gated: GatedServer, hedges: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The kernel resends a dropped SYN after 1 s. A fresh attempt, 50 ms late at the most
+    # (HEDGE_FLOOR; this host's connects take well under 1 ms), gets in once the queue has
+    # room; the first attempt, still under way at SYN_RETRY, is the evidence for the cap all
+    # the same. Without fresh attempts (0, the control), the connect waits for that second.
+    monkeypatch.setattr(_pacing, "HEDGES", hedges)
+    url = f"http://{gated.key}"
+    connector = _pacing.PacedConnector(limit=64, burst=4)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        assert await _paced_get(session, f"{url}/0") == bytes([0]) * 100  # a fast connect
+        with gated.fill():
+            t0 = time.monotonic()
+            read = asyncio.ensure_future(_paced_get(session, f"{url}/1"))
+            await asyncio.sleep(0.15)
+            assert _syn_sent(gated.port) == min(hedges, 2) + 1  # at 0, 50 and 100 ms
+            gated.accepting.set()  # the filler is taken: room for one
+            assert await read == bytes([1]) * 100
+            took = time.monotonic() - t0
+        assert (took < _pacing.SYN_RETRY) == bool(hedges), took
+        await asyncio.sleep(max(0.0, t0 + _pacing.SYN_RETRY + 0.2 - time.monotonic()))
+        assert _hosts().caps() == {gated.key: 1}  # half of the one under way, 1 at least
+        assert _syn_sent(gated.port) == 0  # the first attempt was let go
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(30)
+async def test_a_request_cancelled_while_its_connect_is_raced_leaves_no_socket(
+    gated: GatedServer,
+) -> None:
+    url = f"http://{gated.key}"
+    connector = _pacing.PacedConnector(limit=64, burst=4)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        assert await _paced_get(session, f"{url}/0") == bytes([0]) * 100
+        with gated.fill():
+            read = asyncio.ensure_future(_paced_get(session, f"{url}/1"))
+            await asyncio.sleep(0.15)
+            assert _syn_sent(gated.port) == 3
+            read.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await read
+            await asyncio.sleep(0.01)  # the attempts' sockets close as their tasks end
+            assert _syn_sent(gated.port) == 0
+    assert _hosts().caps() == {}  # cancelled before SYN_RETRY: no evidence either way
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(30)
+async def test_closing_the_connector_while_a_connect_is_raced_leaves_no_socket(
+    gated: GatedServer,
+) -> None:
+    url = f"http://{gated.key}"
+    connector = _pacing.PacedConnector(limit=64, burst=4)
+    session = aiohttp.ClientSession(connector=connector)
+    try:
+        assert await _paced_get(session, f"{url}/0") == bytes([0]) * 100
+        with gated.fill():
+            read = asyncio.ensure_future(_paced_get(session, f"{url}/1"))
+            await asyncio.sleep(0.15)
+            assert _syn_sent(gated.port) == 3
+            await session.close()  # waits for the attempts it cancels
+            assert _syn_sent(gated.port) == 0
+            with pytest.raises((aiohttp.ClientError, asyncio.CancelledError)):
+                await read
+    finally:
+        await session.close()
+    assert not connector._pace_attempts
+    assert not connector._pace_late
 
 
 @pytest.mark.timeout(10)

@@ -34,12 +34,22 @@ the host's new connections in flight are capped from then on at half as many as 
 when it started, in this pass and, like what a host proved, in the next ones: the worker's
 ``pacing_memory`` carries the cap to the main process, and ``trust`` to the next workers. The
 first overflow costs its requests that second; later ones are avoided.
+
+That second is not waited out either: a connect still under way well after the host's fastest
+(``HEDGE_FACTOR`` times it, ``HEDGE_FLOOR`` at least) is raced by a fresh one, whose SYN finds
+the room the server has made since, and the first to connect is used. (A dropped SYN is not
+resent by the kernel for 1 s; a SYN delayed on its way is rarely that late.) A fresh attempt
+counts among the host's connects under way while it lasts, as its SYN does at the server. The
+first attempt goes on in the background until ``SYN_RETRY``: if it is still under way then, that
+is the evidence for the cap as above, and it is dropped; if it connects sooner, it was late, not
+lost, and is closed. Closing the connector cancels every attempt and waits for them to end.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import contextvars
 from typing import Any
 
 import aiohttp
@@ -49,6 +59,9 @@ from .pacing_memory import HostMemory
 
 __all__ = [
     "GROWTH",
+    "HEDGES",
+    "HEDGE_FACTOR",
+    "HEDGE_FLOOR",
     "PER_TURN",
     "QUICK_GROWTH",
     "SYN_RETRY",
@@ -70,6 +83,14 @@ TRUSTED_BURST = 128
 # No healthy connect takes this long; one that does overflowed the server's accept queue (or
 # lost its SYN to congestion, which calls for the same care).
 SYN_RETRY = 0.9
+# A connect still under way HEDGE_FACTOR times the host's fastest connect after it started, and
+# HEDGE_FLOOR seconds at least, is raced by a fresh attempt; HEDGES of them at most, each at twice
+# the last one's delay, and none once SYN_RETRY is near (the kernel's own retry comes first).
+# Loopback connects take 0.1-0.5 ms and one to a nearby region 1-5 ms: an attempt 50 ms late
+# lost its SYN (or its SYN-ACK), which the kernel resends only after 1 s.
+HEDGE_FACTOR = 4
+HEDGE_FLOOR = 0.05
+HEDGES = 3
 # New connections in flight that each answered kept-alive connection earns: GROWTH (a pool that
 # triples per round trip), or QUICK_GROWTH (x7) for a host whose first burst was answered
 # together. At 50 ms and 2 workers the first batch (32) then takes two round trips (4, then
@@ -92,8 +113,27 @@ PER_TURN = 8
 QUICK_SPREAD = 0.010
 
 
+# The host and connection key of the request whose connection this task opens (_create_connection
+# to _wrap_create_connection, which sees only the proxy's request when there is one).
+_CONNECTING: contextvars.ContextVar[tuple[_Host, Any] | None] = contextvars.ContextVar(
+    "asyncload_pace_connecting", default=None
+)
+
+
+def _discard(task: asyncio.Task[Any]) -> None:
+    """Drop a connect attempt: cancel it, close what it connects, let go of what it raises."""
+    task.add_done_callback(_close_connected)
+    task.cancel()
+
+
+def _close_connected(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled() and task.exception() is None:
+        task.result()[0].close()  # (transport, protocol)
+
+
 class _Host:
     __slots__ = (
+        "fastest",
         "firsts",
         "kept",
         "key",
@@ -113,6 +153,7 @@ class _Host:
         # start, told what this connector proves.
         self.memory = current().hosts if memory is None else memory
         self.pending = 0  # connects under way, not yet a protocol
+        self.fastest: float | None = None  # the quickest connect to the host, in seconds
         # unproven connection -> its grace timer, and when its connect started
         self.unproven: dict[Any, tuple[asyncio.TimerHandle, float]] = {}
         # The first burst's first-response latencies, until `quick` is known: whether the host
@@ -173,6 +214,22 @@ class _Host:
             self.quick = max(self.firsts) - min(self.firsts) <= QUICK_SPREAD
             self.firsts = []
 
+    def hedge_due(self, hedges: int, last: float) -> float | None:
+        """Seconds after a connect's start at which its next fresh attempt is due, it having
+        had *hedges* already, the last (or the connect itself) begun *last* seconds after it;
+        None while no connect to the host has finished (nothing to compare with yet), or when
+        no more are due (``HEDGES`` of them, or the kernel's own retry comes first)."""
+        if self.fastest is None or hedges >= HEDGES:
+            return None
+        delay = max(HEDGE_FLOOR, HEDGE_FACTOR * self.fastest)
+        due = max(delay * 2**hedges, last + delay)  # one at a time, however late the first
+        return due if due < SYN_RETRY else None
+
+    def connected(self, seconds: float) -> None:
+        """A connect to the host took *seconds*."""
+        if self.fastest is None or seconds < self.fastest:
+            self.fastest = seconds
+
     def overflowed(self, under_way: int) -> None:
         """A connect waited for a SYN retry while *under_way* new connections were (itself
         included; see module doc): cap the new connections in flight at half that."""
@@ -219,6 +276,10 @@ class PacedConnector(aiohttp.TCPConnector):
         self._pace_turn_left = PER_TURN
         self._pace_turn_waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self._pace_refill_due = False
+        # Connect attempts under way, and first attempts that a fresh one beat, kept until
+        # SYN_RETRY as evidence (module doc).
+        self._pace_attempts: set[asyncio.Task[Any]] = set()
+        self._pace_late: dict[asyncio.Task[Any], asyncio.TimerHandle] = {}
 
     def _pace_host(self, host_name: str, port: int | None) -> _Host:
         host = self._pace_hosts.get((host_name, port))
@@ -261,7 +322,104 @@ class PacedConnector(aiohttp.TCPConnector):
             waiter = self._pace_turn_waiters.popleft()
             if not waiter.done():
                 waiter.set_result(None)
+        for due in self._pace_late.values():
+            due.cancel()
+        self._pace_late.clear()
+        for attempt in list(self._pace_attempts):
+            _discard(attempt)  # its socket closes as it ends
+            if isinstance(result, list):  # aiohttp 3.12+ waits for what it closes
+                result.append(attempt)
         return result
+
+    async def _wrap_create_connection(self, *args: Any, **kwargs: Any) -> Any:
+        # The TCP connect (and TLS handshake) of one new connection, raced by fresh attempts
+        # when it is late (module doc). Its host is the request's, also through a proxy.
+        host, key = _CONNECTING.get() or (
+            self._pace_host(kwargs["req"].host, kwargs["req"].port),
+            kwargs["req"].connection_key,
+        )
+        under_way = host.pending + len(host.unproven)
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        first = self._pace_attempt(loop, host, key, args, kwargs, hedge=False)
+        attempts = {first: 0.0}  # those under way -> when each began, after the first
+        hedges = 0
+        last = 0.0
+        try:
+            while True:
+                due = host.hedge_due(hedges, last)
+                elapsed = loop.time() - began
+                if due is not None and elapsed >= due:
+                    attempts[self._pace_attempt(loop, host, key, args, kwargs, hedge=True)] = (
+                        elapsed
+                    )
+                    hedges += 1
+                    last = elapsed
+                    continue
+                if due is not None:
+                    wait: float | None = due - elapsed
+                elif host.fastest is None:
+                    wait = HEDGE_FLOOR  # look again once another connect has finished
+                else:
+                    wait = None
+                done, _ = await asyncio.wait(
+                    attempts, timeout=wait, return_when=asyncio.FIRST_COMPLETED
+                )
+                for task in done:
+                    if task.cancelled() and task is first:  # only _close cancels it
+                        raise aiohttp.ClientConnectionError("Connector is closed.")
+                    if task.cancelled() or task.exception() is not None:
+                        if task is first:  # refused, or its connect timeout: the race is over
+                            raise task.exception()  # type: ignore[misc]
+                        del attempts[task]  # a fresh one failed: the others go on
+                        continue
+                    took = loop.time() - began - attempts.pop(task)
+                    host.connected(took)
+                    if task is first and took >= SYN_RETRY:
+                        host.overflowed(under_way)
+                    if first in attempts:  # beaten: it may yet show a dropped SYN
+                        del attempts[first]
+                        first.add_done_callback(_close_connected)
+                        self._pace_late[first] = loop.call_at(
+                            began + SYN_RETRY, self._pace_late_due, first, host, under_way
+                        )
+                    return task.result()
+        finally:
+            for task in attempts:  # fresh attempts that lost, or all when it failed
+                _discard(task)
+
+    def _pace_attempt(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        host: _Host,
+        key: Any,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        hedge: bool,
+    ) -> asyncio.Task[Any]:
+        """Start one connect attempt; the connector knows of it until it ends (``_close``). A
+        fresh one counts among the host's connects under way, as its SYN does at the server."""
+        task = loop.create_task(super()._wrap_create_connection(*args, **kwargs))
+        self._pace_attempts.add(task)
+        task.add_done_callback(self._pace_attempts.discard)
+        if hedge:
+            host.pending += 1
+
+            def ended(_: asyncio.Task[Any]) -> None:
+                host.pending -= 1
+                self._pace_wake(key, host)
+
+            task.add_done_callback(ended)
+        return task
+
+    def _pace_late_due(self, first: asyncio.Task[Any], host: _Host, under_way: int) -> None:
+        """SYN_RETRY after it began: a first attempt that a fresh one beat and that is still
+        under way lost its SYN to a full accept queue (module doc). Late or lost, it goes."""
+        del self._pace_late[first]
+        if not first.done():
+            host.overflowed(under_way)
+        _discard(first)
 
     async def _pace_wait(self, key: Any, host: _Host, *, first: bool) -> None:
         waiter = asyncio.get_running_loop().create_future()
@@ -288,7 +446,6 @@ class PacedConnector(aiohttp.TCPConnector):
             await self._pace_wait(key, host, first=True)
             self._pace_check_open()
         host.pending += 1
-        under_way = host.pending + len(host.unproven)
         loop = asyncio.get_running_loop()
         started = 0.0
         connecting = False
@@ -301,7 +458,11 @@ class PacedConnector(aiohttp.TCPConnector):
                 self._pace_check_open()
             started = loop.time()
             connecting = True
-            proto = await super()._create_connection(req, traces, timeout)
+            token = _CONNECTING.set((host, key))
+            try:
+                proto = await super()._create_connection(req, traces, timeout)
+            finally:
+                _CONNECTING.reset(token)
         except BaseException as exc:
             host.pending -= 1
             if connecting and isinstance(exc, Exception):
@@ -309,8 +470,6 @@ class PacedConnector(aiohttp.TCPConnector):
             self._pace_wake(key, host)
             raise
         host.pending -= 1
-        if loop.time() - started >= SYN_RETRY:
-            host.overflowed(under_way)
         grace = loop.call_later(self._pace_grace, self._pace_release, proto, False)
         host.unproven[proto] = (grace, started)
         self._pace_host_of[proto] = (host, key)
