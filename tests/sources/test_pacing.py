@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import dataclasses
 import functools
 import http.server
 import socket
 import threading
 import time
-from collections.abc import Coroutine, Iterator
+from collections.abc import AsyncIterator, Coroutine, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -623,6 +624,21 @@ def _syn_sent(port: int) -> int:
     )
 
 
+@contextlib.asynccontextmanager
+async def _racing(
+    session: aiohttp.ClientSession, gated: GatedServer
+) -> AsyncIterator[tuple[asyncio.Future[bytes], float]]:
+    """A read of ``/1`` whose SYN the full queue dropped, 150 ms after it began (fresh attempts
+    due at 50 and 100 ms), and when it began; a fast connect before it taught the host."""
+    url = f"http://{gated.key}"
+    assert await _paced_get(session, f"{url}/0") == bytes([0]) * 100
+    with gated.fill():
+        t0 = time.monotonic()
+        read = asyncio.ensure_future(_paced_get(session, f"{url}/1"))
+        await asyncio.sleep(0.15)
+        yield read, t0
+
+
 @pytest.mark.asyncio
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("hedges", [0, _pacing.HEDGES])
@@ -634,14 +650,9 @@ async def test_a_connect_whose_syn_was_dropped_is_raced_by_a_fresh_one(
     # room; the first attempt, still under way at SYN_RETRY, is the evidence for the cap all
     # the same. Without fresh attempts (0, the control), the connect waits for that second.
     monkeypatch.setattr(_pacing, "HEDGES", hedges)
-    url = f"http://{gated.key}"
     connector = _pacing.PacedConnector(limit=64, burst=4)
     async with aiohttp.ClientSession(connector=connector) as session:
-        assert await _paced_get(session, f"{url}/0") == bytes([0]) * 100  # a fast connect
-        with gated.fill():
-            t0 = time.monotonic()
-            read = asyncio.ensure_future(_paced_get(session, f"{url}/1"))
-            await asyncio.sleep(0.15)
+        async with _racing(session, gated) as (read, t0):
             assert _syn_sent(gated.port) == min(hedges, 2) + 1  # at 0, 50 and 100 ms
             gated.accepting.set()  # the filler is taken: room for one
             assert await read == bytes([1]) * 100
@@ -657,13 +668,9 @@ async def test_a_connect_whose_syn_was_dropped_is_raced_by_a_fresh_one(
 async def test_a_request_cancelled_while_its_connect_is_raced_leaves_no_socket(
     gated: GatedServer,
 ) -> None:
-    url = f"http://{gated.key}"
     connector = _pacing.PacedConnector(limit=64, burst=4)
     async with aiohttp.ClientSession(connector=connector) as session:
-        assert await _paced_get(session, f"{url}/0") == bytes([0]) * 100
-        with gated.fill():
-            read = asyncio.ensure_future(_paced_get(session, f"{url}/1"))
-            await asyncio.sleep(0.15)
+        async with _racing(session, gated) as (read, _):
             assert _syn_sent(gated.port) == 3
             read.cancel()
             with pytest.raises(asyncio.CancelledError):
@@ -678,14 +685,10 @@ async def test_a_request_cancelled_while_its_connect_is_raced_leaves_no_socket(
 async def test_closing_the_connector_while_a_connect_is_raced_leaves_no_socket(
     gated: GatedServer,
 ) -> None:
-    url = f"http://{gated.key}"
     connector = _pacing.PacedConnector(limit=64, burst=4)
     session = aiohttp.ClientSession(connector=connector)
     try:
-        assert await _paced_get(session, f"{url}/0") == bytes([0]) * 100
-        with gated.fill():
-            read = asyncio.ensure_future(_paced_get(session, f"{url}/1"))
-            await asyncio.sleep(0.15)
+        async with _racing(session, gated) as (read, _):
             assert _syn_sent(gated.port) == 3
             await session.close()  # waits for the attempts it cancels
             assert _syn_sent(gated.port) == 0
