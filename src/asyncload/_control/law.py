@@ -15,11 +15,17 @@ which is what the proportions need. Limits per prefix would only change which re
 The control law (``LimitController``), once per epoch (the answers to requests sent since the
 last decision: at least 16, at most 64, so about one round trip):
 
-* **Slow start.** From ``initial`` (8), double per epoch while nothing pushes back. An epoch
-  whose fastest answer took ``rise`` (1.2) times the last epoch's fastest ends it and takes
-  the last doubling back (HyStart++'s delay rule): fastest against fastest compares like with
-  like, and a pass's first answers find the store idle even where the pass's new connections
-  (opened a few at a time) make its first median as slow as a queue would.
+* **Slow start.** From ``initial`` (8), double per epoch while nothing pushes back. A pass
+  that starts above ``probe_limit`` (a batch's requests at once) doubles from its second
+  epoch on: the first one's answers waited for the pass's new connections (opened a few at a
+  time, ``_storage/backends/pacing.py``) and for the queue its own burst made, so it only
+  measures (``bench_autotune`` (d): whole-run p99 214 -> 173 ms, medians of 6 interleaved
+  runs, lower in 5; without it the doubling from there looked free and the next went into
+  the queue). An epoch at a
+  doubled limit whose fastest answer took ``rise`` (1.2) times the last epoch's fastest ends
+  slow start and takes the doubling back (HyStart++'s delay rule): fastest against fastest
+  compares like with like, and the fastest answers find the store idle even where the
+  connections still opening make an epoch's median as slow as a queue would.
 * **Latency, as TCP Vegas.** The epoch's median latency over the unloaded one (the least epoch
   median of the last 10 s) gives our requests waiting, ``queued = limit * (1 - base/median)``.
   Over ``high`` (1.4) with more than 4 waiting: latency rose without goodput (by Little's law
@@ -177,6 +183,13 @@ class LimitController:
         # of the last one.
         self._epoch_fastest = math.inf
         self._last_fastest: float | None = None
+        # Slow start's first epoch only measures when the pass starts above probe_limit (module
+        # doc): a batch's requests at once, whose answers waited for the pass's new connections.
+        self._first_epoch = config.initial > config.probe_limit
+        # Whether this epoch runs at a limit slow start just doubled: only then can a rise in
+        # its fastest answers be the doubling's (a held first epoch's queue lifts the next
+        # epoch's fastest answers above the first ones, which found the store idle).
+        self._doubled = False
         self._requests = self._throttled = self._failed = self._cuts = self._backoffs = 0
         if learned is not None:
             self._adopt(learned, now)
@@ -236,7 +249,8 @@ class LimitController:
         if self._slow_start and self._probe_return is None:
             self._epoch_fastest = min(self._epoch_fastest, latency)
             if (
-                self._last_fastest is not None
+                self._doubled
+                and self._last_fastest is not None
                 and len(self._epoch_latencies) >= cfg.rise_samples
                 and self._epoch_fastest > cfg.rise * self._last_fastest
             ):
@@ -439,6 +453,7 @@ class LimitController:
             self._last_fastest = self._epoch_fastest
         self._epoch_fastest = math.inf
         self._epoch_start = now
+        self._doubled = False
         self._epoch_latencies.clear()
         self._epoch_peak = self._in_flight
 
@@ -495,6 +510,8 @@ class LimitController:
             if limit >= cfg.probe * self._ceiling:
                 # Well past what was throttled and no throttle since: the allowance rose.
                 self._ceiling = None
+        elif self._slow_start and self._first_epoch:
+            pass  # the first epoch's answers waited for new connections: measure once more
         elif ratio < cfg.low or queued < cfg.queue_floor:
             grow = cfg.slow_start - 1 if self._slow_start else cfg.growth
             limit += max(1.0, limit * grow)
@@ -502,5 +519,8 @@ class LimitController:
             # Latency has started to rise: the knee. Hold here; slow start is over.
             self._slow_start = False
         self._streak = 0
+        self._first_epoch = False
+        doubled = self._slow_start and limit > self._limit
         self._limit = self._clamp(limit)
         self._new_epoch(now)
+        self._doubled = doubled
