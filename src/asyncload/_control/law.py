@@ -21,11 +21,11 @@ last decision: at least 16, at most 64, so about one round trip):
   time, ``_storage/backends/pacing.py``) and for the queue its own burst made, so it only
   measures (``bench_autotune`` (d): whole-run p99 214 -> 173 ms, medians of 6 interleaved
   runs, lower in 5; without it the doubling from there looked free and the next went into
-  the queue). An epoch at a
-  doubled limit whose fastest answer took ``rise`` (1.2) times the last epoch's fastest ends
-  slow start and takes the doubling back (HyStart++'s delay rule): fastest against fastest
-  compares like with like, and the fastest answers find the store idle even where the
-  connections still opening make an epoch's median as slow as a queue would.
+  the queue). An epoch at a doubled limit whose fastest answer took ``rise`` (1.2) times the
+  last epoch's fastest ends slow start and takes the doubling back (HyStart++'s delay rule):
+  fastest against fastest compares like with like, and the fastest answers find the store
+  idle even where the connections still opening make an epoch's median as slow as a queue
+  would.
 * **Latency, as TCP Vegas.** The epoch's median latency over the unloaded one (the least epoch
   median of the last 10 s) gives our requests waiting, ``queued = limit * (1 - base/median)``.
   Over ``high`` (1.4) with more than 4 waiting: latency rose without goodput (by Little's law

@@ -419,7 +419,7 @@ class PacedConnector(aiohttp.TCPConnector):
         del self._pace_late[first]
         if not first.done():
             host.overflowed(under_way)
-        _discard(first)
+        first.cancel()  # what it connects is closed (its callback since it was beaten)
 
     async def _pace_wait(self, key: Any, host: _Host, *, first: bool) -> None:
         waiter = asyncio.get_running_loop().create_future()
