@@ -32,6 +32,7 @@ from ..datasets.test_tar import make_tar, shard_members
 pytest.importorskip("obstore", reason="obstore (asyncload-torch[s3]) is not installed")
 
 DATA = bytes(range(256)) * 40
+DATA_TAIL = len(DATA) - 100
 BIG = bytes(range(251)) * 9000  # ~2.2 MB: several chunks, cut midway by the proxy
 MANY = 1_100  # more than one page of a GCS listing (1,000 keys)
 FAST = asyncload.Retry(attempts=3, backoff=0.01)
@@ -59,6 +60,24 @@ async def test_read_whole_object_and_byte_ranges(cloud: Any) -> None:
     for start, end in ((10, 20), (None, 7), (len(DATA) - 5, None), (3, 3), (5, None)):
         got = await asyncload.read(f"{bucket}/dir/a.bin", start=start, end=end)
         assert got == DATA[start:end], (start, end)
+
+
+@pytest.mark.asyncio
+async def test_a_whole_object_is_one_ranged_get_and_an_empty_one_reads_empty(cloud: Any) -> None:
+    # One call from its start to far past its end, which the store clamps (s3.py's module
+    # doc); an empty object has no byte to range (416), so a plain GET reads it.
+    bucket = cloud.bucket("asyncload-whole", {"w.bin": DATA, "empty.bin": b""})
+    _configure(cloud, bucket, proxy=True)
+    path = cloud.path(f"{bucket}/w.bin")
+    assert await asyncload.read(f"{bucket}/w.bin") == DATA
+    assert cloud.proxy.hits[path] == 1
+    assert cloud.proxy.requests[-1][3]["Range"].startswith("bytes=0-")
+    assert await asyncload.read(f"{bucket}/w.bin", start=DATA_TAIL) == DATA[DATA_TAIL:]
+    assert cloud.proxy.hits[path] == 2
+    empty = cloud.path(f"{bucket}/empty.bin")
+    assert await asyncload.read(f"{bucket}/empty.bin") == b""
+    assert cloud.proxy.hits[empty] == 2
+    assert "Range" not in cloud.proxy.requests[-1][3]
 
 
 @pytest.mark.asyncio

@@ -252,6 +252,23 @@ async def test_short_body_from_s3_endpoint_is_refetched(
     assert http_server.hits["asyncload-faulty/cut"] == 2
 
 
+@pytest.mark.asyncio
+async def test_a_whole_object_is_one_ranged_get_and_an_empty_one_reads_empty(
+    http_server: ObjectServer, s3_server: S3Server
+) -> None:
+    # One call from its start to far past its end, which the store clamps (s3.py's module
+    # doc); an empty object has no byte to range (416), so a plain GET reads it.
+    http_server.put("asyncload-whole/w", DATA)
+    http_server.put("asyncload-whole/empty", b"")
+    _storage.configure("s3://asyncload-whole", endpoint=http_server.url)
+    assert await asyncload.read("s3://asyncload-whole/w") == DATA
+    assert http_server.hits["asyncload-whole/w"] == 1
+    assert http_server.headers_seen[-1]["Range"].startswith("bytes=0-")
+    assert await asyncload.read("s3://asyncload-whole/empty") == b""
+    assert http_server.hits["asyncload-whole/empty"] == 2
+    assert "Range" not in http_server.headers_seen[-1]
+
+
 def test_map_error_slowdown_is_retryable() -> None:
     class FakeGeneric(Exception):
         pass

@@ -6,6 +6,14 @@ store's own configuration keys by ``._cloud_config``. obstore's own
 retries are turned off (``max_retries=0``) so that [`Retry`][asyncload.Retry] alone decides, and
 the attempt count in errors and stats is the true one.
 
+A whole object is read with one call, a range from its start to far past its end (which the
+store clamps), not ``get_async`` then ``bytes_async``: each call's answer crosses from
+obstore's threads to the event loop (a wake-up and the GIL), and one crossing instead of two
+cost 264-288 us of CPU per 100 KB object against 363-419 us, in a raw loop of 4,096 reads
+at 128 in flight, 50 ms (2026-11-28). An empty object cannot be ranged (416): a plain GET
+reads it. A read that must match a version (``if_match``) keeps the plain GET, whose answer
+carries the ETag to check.
+
 Fork safety: obstore runs a Tokio runtime in background threads. A process forked from a parent
 that has used obstore inherits the runtime's state without its threads and hangs on first use.
 Worker processes must therefore be started with ``forkserver`` or ``spawn`` (the DataLoader's
@@ -47,6 +55,8 @@ _CHANGED = (
 # Without a total timeout a large object would be cut off at obstore's default of 30 s; the
 # read timeout is what catches a stalled body.
 _NO_TOTAL_TIMEOUT = timedelta(hours=24)
+# The end of a range that reads an object to its end: the store clamps it (module doc).
+_TO_END = 1 << 62
 
 _CREDENTIAL_HINTS = {
     "s3": "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (plus AWS_SESSION_TOKEN for temporary "
@@ -223,6 +233,15 @@ class ObjectStoreBackend(Backend):
                     return b""
                 if if_match is None:
                     return bytes(await obstore.get_range_async(store, key, start=first, end=end))
+            elif if_match is None:
+                try:
+                    return bytes(
+                        await obstore.get_range_async(store, key, start=start or 0, end=_TO_END)
+                    )
+                except Exception as exc:
+                    if map_error(exc, scheme).status != 416:
+                        raise
+                    # Nothing from `start` on (an empty object): a plain GET says what is there.
             result = await obstore.get_async(store, key, options=_get_options(start, end, if_match))
             _check_version(result, if_match)
             data = await result.bytes_async()
