@@ -12,6 +12,8 @@ warmed up first, and every row runs three times, in rounds (the median is shown)
 * the raw loop of the same client, 256 in flight in one process, timed from the client's
   creation to the last object (its "first batch" is its first object): aiohttp for
   ``http://``, ``obstore.get_async`` for ``s3://``;
+* with ``--rows loader-fixed``, the same loader at a fixed ``max_concurrency=128`` (the default
+  before each worker found its own limit), to see what the automatic limit costs a whole run;
 * torch's DataLoader with a 32-thread pool in ``__getitems__`` (``bench_loader.ThreadedBlobs``,
   2 workers, batch 32; HTTP only), built 2 s before ``iter()`` like the loader.
 
@@ -57,6 +59,7 @@ LATENCY_MS = "50"
 IN_FLIGHT = 256
 BATCH = 32
 BUILD_S = 2.0  # the loader exists this long before iter()
+FIXED = 128  # the loader-fixed row's max_concurrency (the default before the automatic limit)
 
 
 def _urls(transport: str, base: str, n: int) -> list[str]:
@@ -68,7 +71,7 @@ def _result(**fields: float) -> None:
     print("RESULT " + json.dumps(fields), flush=True)
 
 
-def _child_loader(transport: str, base: str, n: int) -> None:
+def _child_loader(transport: str, base: str, n: int, max_concurrency: int | None = None) -> None:
     import asyncload
 
     if transport == "s3":
@@ -78,8 +81,13 @@ def _child_loader(transport: str, base: str, n: int) -> None:
         batch_size=BATCH,
         num_workers=2,
         collate_fn=list,
+        max_concurrency=max_concurrency,
     )
     _timed_epoch(loader, n)
+
+
+def _child_loader_fixed(transport: str, base: str, n: int) -> None:
+    _child_loader(transport, base, n, max_concurrency=FIXED)
 
 
 def _child_torch_threads(transport: str, base: str, n: int) -> None:
@@ -268,6 +276,7 @@ async def _raw_obstore(base: str, n: int) -> None:
 
 CHILDREN: dict[str, Callable[[str, str, int], None]] = {
     "loader": _child_loader,
+    "loader-fixed": _child_loader_fixed,
     "raw": _child_raw,
     "torch-threads": _child_torch_threads,
     "spdl": _child_spdl,
@@ -276,6 +285,7 @@ CHILDREN: dict[str, Callable[[str, str, int], None]] = {
 }
 LABELS = {
     "loader": "asyncload.DataLoader (built 2 s before iter())",
+    "loader-fixed": f"asyncload.DataLoader, max_concurrency={FIXED}",
     "raw": "raw loop, 256 in flight",
     "torch-threads": "torch DataLoader + 32 threads (built 2 s before iter())",
     "spdl": "SPDL pipeline, 256 in flight, 1 process",
@@ -337,6 +347,8 @@ def main(argv: list[str] | None = None) -> int:
         print("s3:// rows skipped: obstore is not installed (the `s3` extra)")
     else:
         plan += [("s3", "loader"), ("s3", "raw")]
+    if args.rows and "loader-fixed" in args.rows.split(","):  # on request only
+        plan += [(t, "loader-fixed") for t in dict.fromkeys(t for t, _ in plan)]
     transports = {t for t, _ in plan}
     for row, module, over in PEERS:
         if not installed(module):
