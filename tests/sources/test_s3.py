@@ -269,6 +269,23 @@ async def test_a_whole_object_is_one_ranged_get_and_an_empty_one_reads_empty(
     assert "Range" not in http_server.headers_seen[-1]
 
 
+@pytest.mark.asyncio
+async def test_an_endpoint_that_ignores_ranges_gets_plain_gets(
+    http_server: ObjectServer, s3_server: S3Server
+) -> None:
+    # Its 200 to the ranged GET is refused by object_store ("non-partial response"): the read
+    # asks again plainly, and the bucket's later reads go plainly from the start.
+    http_server.ranges = False
+    http_server.put("asyncload-unranged/a", DATA)
+    http_server.put("asyncload-unranged/b", DATA[::-1])
+    _storage.configure("s3://asyncload-unranged", endpoint=http_server.url)
+    assert await asyncload.read("s3://asyncload-unranged/a") == DATA
+    assert http_server.hits["asyncload-unranged/a"] == 2
+    assert await asyncload.read("s3://asyncload-unranged/b") == DATA[::-1]
+    assert http_server.hits["asyncload-unranged/b"] == 1
+    assert "Range" not in http_server.headers_seen[-1]
+
+
 def test_map_error_slowdown_is_retryable() -> None:
     class FakeGeneric(Exception):
         pass

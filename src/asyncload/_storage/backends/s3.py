@@ -11,8 +11,9 @@ store clamps), not ``get_async`` then ``bytes_async``: each call's answer crosse
 obstore's threads to the event loop (a wake-up and the GIL), and one crossing instead of two
 cost 264-288 us of CPU per 100 KB object against 363-419 us, in a raw loop of 4,096 reads
 at 128 in flight, 50 ms (2026-11-28). An empty object cannot be ranged (416): a plain GET
-reads it. A read that must match a version (``if_match``) keeps the plain GET, whose answer
-carries the ETag to check.
+reads it; an endpoint that ignores ranges gets plain GETs from its first answer on. A read
+that must match a version (``if_match``) keeps the plain GET, whose answer carries the ETag
+to check.
 
 Fork safety: obstore runs a Tokio runtime in background threads. A process forked from a parent
 that has used obstore inherits the runtime's state without its threads and hangs on first use.
@@ -57,6 +58,8 @@ _CHANGED = (
 _NO_TOTAL_TIMEOUT = timedelta(hours=24)
 # The end of a range that reads an object to its end: the store clamps it (module doc).
 _TO_END = 1 << 62
+# object_store's refusal of a 200 answer to a ranged GET (an endpoint that ignores ranges).
+_NOT_PARTIAL = "non-partial response when range requested"
 
 _CREDENTIAL_HINTS = {
     "s3": "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (plus AWS_SESSION_TOKEN for temporary "
@@ -183,11 +186,14 @@ class ObjectStoreBackend(Backend):
     def __init__(self) -> None:
         # (scheme, bucket, id(options)) -> (options, store); options kept so the id stays valid.
         self._stores: dict[tuple[str, str, int], tuple[StorageOptions, Any]] = {}
+        # (scheme, bucket) whose endpoint answered a ranged GET with the whole object.
+        self._unranged: set[tuple[str, str]] = set()
         self._pid = os.getpid()
 
     def clear(self) -> None:
         """Forget every store (new options or credentials take effect on next use)."""
         self._stores.clear()
+        self._unranged.clear()
 
     def prewarm(self, prefix: str, options: StorageOptions) -> None:
         """Build the store of the bucket a configured *prefix* names (``_storage.prewarm``)."""
@@ -233,13 +239,17 @@ class ObjectStoreBackend(Backend):
                     return b""
                 if if_match is None:
                     return bytes(await obstore.get_range_async(store, key, start=first, end=end))
-            elif if_match is None:
+            elif if_match is None and (scheme, bucket) not in self._unranged:
                 try:
                     return bytes(
                         await obstore.get_range_async(store, key, start=start or 0, end=_TO_END)
                     )
                 except Exception as exc:
-                    if map_error(exc, scheme).status != 416:
+                    if _NOT_PARTIAL in str(exc):
+                        # The endpoint ignores ranges (sent the whole object, which object_store
+                        # refuses): plain GETs for this bucket from now on.
+                        self._unranged.add((scheme, bucket))
+                    elif map_error(exc, scheme).status != 416:
                         raise
                     # Nothing from `start` on (an empty object): a plain GET says what is there.
             result = await obstore.get_async(store, key, options=_get_options(start, end, if_match))

@@ -105,6 +105,7 @@ class Store:
     delays: dict[str, collections.deque[float]] = field(default_factory=dict)
     replacements: dict[str, bytes] = field(default_factory=dict)
     conditionals: bool = True  # honour If-Match (412) and If-Range (200 when it differs)
+    ranges: bool = True  # honour Range; off: every object whole, as a server without ranges
 
     # Pushing back, per prefix (a path's directory), off by default. throttle_rate: a token
     # bucket of that many requests per second (bursts of throttle_burst); a request without a
@@ -170,7 +171,7 @@ class Store:
         self.hits.clear()
         self.raw_paths.clear()
         self.headers_seen.clear()
-        self.conditionals = True
+        self.conditionals = self.ranges = True
         self.latency = self.jitter = 0.0
         self.throttle_rate, self.throttle_burst = None, 1.0
         self.throttle_status, self.throttle_retry_after = 503, None
@@ -309,7 +310,7 @@ class Store:
         size = len(data)
         reply = Reply(200, [("Accept-Ranges", "bytes"), ("ETag", etag)], data, OCTETS)
         headers = req.headers
-        rng = headers.get("range")
+        rng = headers.get("range") if self.ranges else None
         if self.conditionals:
             if headers.get("if-match", etag) != etag:
                 return Reply(412, body=b"precondition failed")
