@@ -4,7 +4,8 @@ One store per bucket (container) per process, built on first use from the bucket
 standard environment variables, and the options configured for the URL's prefix, mapped to each
 store's own configuration keys by ``._cloud_config``. obstore's own
 retries are turned off (``max_retries=0``) so that [`Retry`][asyncload.Retry] alone decides, and
-the attempt count in errors and stats is the true one.
+the attempt count in errors and stats is the true one (an attempt is one GET, or two where a
+whole read falls back to a plain one, below).
 
 A whole object is read with one call, a range from its start to far past its end (which the
 store clamps), not ``get_async`` then ``bytes_async``: each call's answer crosses from
@@ -58,8 +59,9 @@ _CHANGED = (
 _NO_TOTAL_TIMEOUT = timedelta(hours=24)
 # The end of a range that reads an object to its end: the store clamps it (module doc).
 _TO_END = 1 << 62
-# object_store's refusal of a 200 answer to a ranged GET (an endpoint that ignores ranges).
-_NOT_PARTIAL = "non-partial response when range requested"
+# object_store's refusals of an answer to a ranged GET that a plain GET does not need: a 200
+# (an endpoint that ignores ranges), a 206 without a Content-Range it can read.
+_UNRANGED = re.compile(r"non-partial response when range requested|Content-Range")
 
 _CREDENTIAL_HINTS = {
     "s3": "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (plus AWS_SESSION_TOKEN for temporary "
@@ -245,13 +247,15 @@ class ObjectStoreBackend(Backend):
                         await obstore.get_range_async(store, key, start=start or 0, end=_TO_END)
                     )
                 except Exception as exc:
-                    if _NOT_PARTIAL in str(exc):
-                        # The endpoint ignores ranges (sent the whole object, which object_store
-                        # refuses): plain GETs for this bucket from now on.
+                    if map_error(exc, scheme).status == 416:
+                        # Nothing from `start` on (an empty object): the plain GET says what is.
+                        pass
+                    elif _UNRANGED.search(str(exc)):
+                        # The endpoint does not do ranges as object_store expects (it sent the
+                        # whole object, or no Content-Range): plain GETs for this bucket.
                         self._unranged.add((scheme, bucket))
-                    elif map_error(exc, scheme).status != 416:
+                    else:
                         raise
-                    # Nothing from `start` on (an empty object): a plain GET says what is there.
             result = await obstore.get_async(store, key, options=_get_options(start, end, if_match))
             _check_version(result, if_match)
             data = await result.bytes_async()

@@ -39,6 +39,7 @@ __all__ = ["FAULTS", "Store"]
 #   "redirect:URL": 302 to URL (relative or absolute)
 #   "short-replace": like "short", then the object becomes ``replacements[path]`` (a new ETag)
 #   "s3-403": 403 with an S3 SignatureDoesNotMatch XML body that echoes fake credentials
+#   "no-content-range": a 206 without its Content-Range header (a gateway that drops it)
 FAULTS = ("500", "502", "503", "504", "429", "404", "403", "401", "short", "reset")
 
 # Faults acted out while the body is sent, by the front end (Reply.fault).
@@ -326,7 +327,8 @@ class Store:
                     return Reply(416, [("Content-Range", f"bytes */{size}")])
                 start, end = span
                 reply.status, reply.body = 206, data[start:end]
-                reply.headers.append(("Content-Range", f"bytes {start}-{end - 1}/{size}"))
+                if fault != "no-content-range":
+                    reply.headers.append(("Content-Range", f"bytes {start}-{end - 1}/{size}"))
         if fault is not None and req.method != "HEAD" and fault.startswith(_SENT_WRONG):
             reply.fault = fault
         return reply
