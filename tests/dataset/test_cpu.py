@@ -220,9 +220,13 @@ def test_lane_decodes_are_exactly_once_out_of_order_and_their_errors_skipped(
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize(("cpu_threads", "on_lane"), [(1, False), (2, True)])
 def test_by_default_decoders_go_to_the_lane_only_where_a_worker_has_two_cores(
-    http_server: ObjectServer, cpu_threads: int, on_lane: bool
+    http_server: ObjectServer, cpu_threads: int, on_lane: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Measured: inline is faster at one core per worker, the lane at two or more.
+    # Inline, the stand-in decode sleeps on the loop: it uses no CPU, so the loop's turns
+    # (_control/turns.py) never pause between decodes, and those of samples read together run
+    # back to back: several held the loop past the blocked-loop warning's 0.1 s in a CI run.
+    monkeypatch.setenv("ASYNCLOAD_SLOW_CALLBACK", "0")
     urls = [http_server.put(f"a/{i}", i.to_bytes(4, "big")) for i in range(16)]
     dataset = asyncload.RemoteFiles(urls, decode=slow_decode)  # decode_in_thread left unset
     loader = asyncload.DataLoader(
