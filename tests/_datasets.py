@@ -42,6 +42,18 @@ def worker_config(dataset: Any, **changes: Any) -> WorkerConfig:
     return WorkerConfig(**(fields | changes))
 
 
+def spin(seconds: float) -> None:
+    """Hold this thread on a CPU for *seconds* of its own CPU clock, as a decode does.
+
+    The thread's clock, not the wall's: the code under test reads CPU time (the loop's turns,
+    the CPU-bound measure, ``worker_cpu_s``), and a wall-clock spin that a busy machine
+    descheduled for part of its time is that much less CPU (one CI run read a 6 ms wall-clock
+    spin as under a 5 ms CPU budget)."""
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
 def put_numbers(server: Any, n: int) -> str:
     """Store objects ``n/0 .. n/{n-1}`` holding their own index; return the base URL."""
     for i in range(n):

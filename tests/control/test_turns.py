@@ -18,6 +18,8 @@ import uvloop
 import asyncload
 from asyncload._control import turns as _turns
 
+from .._datasets import spin
+
 pytestmark = pytest.mark.timeout(30)
 
 T = TypeVar("T")
@@ -34,13 +36,7 @@ DECODE_S = 0.002
 
 
 def _decode() -> None:
-    # CPU work that holds the loop, as an inline decode: DECODE_S on the thread's CPU clock,
-    # which the turns read, however long the machine keeps the thread off a core meanwhile
-    # (a wall-clock spin descheduled for half its time is half the CPU: one CI run read 6 ms
-    # of it as under a 5 ms budget).
-    end = time.thread_time() + DECODE_S
-    while time.thread_time() < end:
-        pass
+    spin(DECODE_S)  # CPU work that holds the loop, as an inline decode
 
 
 async def _burst(loop_turns: _turns.LoopTurns | None) -> int:

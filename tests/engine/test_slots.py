@@ -41,7 +41,7 @@ from asyncload._storage.retry import retrying
 from asyncload._workers.processes import ProcessWorkers
 from asyncload.sources import AttemptFailed
 
-from .._datasets import worker_config
+from .._datasets import spin, worker_config
 
 
 class Store(asyncload.Dataset[int]):
@@ -73,10 +73,7 @@ class Store(asyncload.Dataset[int]):
                 _metrics.note_throttle(sent, None)
                 self.limits.append((before, self.limit()))
                 await asyncio.sleep(self.latency)
-            # CPU seconds, on the thread's clock: a busy machine's descheduling does not shorten it.
-            end = time.thread_time() + self.cpu
-            while time.thread_time() < end:
-                pass
+            spin(self.cpu)
             return index
         finally:
             self.in_flight -= 1

@@ -16,6 +16,7 @@ import asyncload
 from asyncload._storage import api as _storage
 from asyncload._storage import hedge as _hedge
 
+from .._datasets import spin
 from .._http_server import ObjectServer
 from ..datasets.test_tar import make_tar, shard_members
 
@@ -218,10 +219,7 @@ class _Spinning(asyncload.Dataset[int]):
     async def __getitem__(self, index: int) -> int:
         if self.wait:
             await asyncio.sleep(self.wait)
-        # CPU seconds, on the thread's clock: a busy machine's descheduling does not shorten it.
-        end = time.thread_time() + self.cpu
-        while time.thread_time() < end:
-            pass
+        spin(self.cpu)
         return index
 
 

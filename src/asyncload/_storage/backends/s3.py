@@ -188,7 +188,8 @@ class ObjectStoreBackend(Backend):
     def __init__(self) -> None:
         # (scheme, bucket, id(options)) -> (options, store); options kept so the id stays valid.
         self._stores: dict[tuple[str, str, int], tuple[StorageOptions, Any]] = {}
-        # (scheme, bucket) whose endpoint answered a ranged GET with the whole object.
+        # (scheme, bucket) whose endpoint answered a ranged GET in a way object_store refuses
+        # (the whole object, or no Content-Range): its whole reads are plain GETs.
         self._unranged: set[tuple[str, str]] = set()
         self._pid = os.getpid()
 
