@@ -144,13 +144,19 @@ def check_batch(
 
 
 def train_epoch(
-    trainer: Trainer, batches: Iterable[Any], pinned: bool, shape: tuple[int, ...]
+    trainer: Trainer,
+    batches: Iterable[Any],
+    pinned: bool,
+    shape: tuple[int, ...],
+    server_pid: int | None = None,
 ) -> dict[str, Any]:
-    """One epoch: samples/s, the share of wall time the loop waited for its next batch, and the
-    indices the batches carried (``jpeg``'s ``(images, indices)`` batches; none for synthetic)."""
+    """One epoch: samples/s, the share of wall time the loop waited for its next batch, the
+    machine's CPU per sample (and the training process's and the server's), and the indices
+    the batches carried (``jpeg``'s ``(images, indices)`` batches; none for synthetic)."""
     pinned = pinned and trainer.device.type == "cuda"  # nothing is pinned without CUDA
     trainer.sync()
     busy0 = _cpu_times()
+    main0, server0 = time.process_time(), _process_cpu(server_pid)
     t0 = time.perf_counter()
     waited = 0.0
     seen = 0
@@ -183,13 +189,31 @@ def train_epoch(
     elapsed = time.perf_counter() - t0
     busy1 = _cpu_times()
     busy = (busy1[0] - busy0[0]) / max(1e-9, busy1[1] - busy0[1])
+    per_sample = 1000 / max(1, seen)
     return {
         "rate": seen / elapsed,
         "wait": waited / elapsed,
         "samples": seen,
         "ids": ids,
         "busy": busy,
+        # ms of CPU per sample: the whole machine's (its busy share of every core), the training
+        # process's (its loop, the pin-memory thread, CUDA's threads) and the store's server's
+        "cpu_ms": busy * cores_here() * elapsed * per_sample,
+        "main_ms": (time.process_time() - main0) * per_sample,
+        "server_ms": (_process_cpu(server_pid) - server0) * per_sample,
     }
+
+
+def _process_cpu(pid: int | None) -> float:
+    """CPU seconds process *pid* has used so far, from /proc (zero for none, or where none)."""
+    if pid is None:
+        return 0.0
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    # utime and stime, fields 14 and 15 of stat(5), counted after the ")" closing the name
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _cpu_times() -> tuple[float, float]:
@@ -215,11 +239,11 @@ def ceiling(trainer: Trainer, batch: torch.Tensor, n: int) -> dict[str, float]:
 
 
 def run_loader(
-    trainer: Trainer, loader: Any, pinned: bool, shape: tuple[int, ...]
+    trainer: Trainer, loader: Any, pinned: bool, shape: tuple[int, ...], server_pid: int
 ) -> dict[str, float]:
     n = len(loader.dataset)
     for epoch in ("warm-up", "timed"):  # warm-up: workers started, connections opened
-        result = train_epoch(trainer, loader, pinned, shape)
+        result = train_epoch(trainer, loader, pinned, shape, server_pid)
         if result["samples"] != n:
             raise AssertionError(f"{epoch} epoch: {result['samples']} samples of {n}")
         ids = result.pop("ids")
@@ -236,7 +260,7 @@ OPTIONS: dict[str, Any] = {}
 
 
 def asyncload_rows(
-    trainer: Trainer, dataset: Any, workers: int, shape: tuple[int, ...]
+    trainer: Trainer, dataset: Any, workers: int, shape: tuple[int, ...], server_pid: int
 ) -> dict[str, dict[str, float]]:
     """The two asyncload rows over *dataset*: ``pin_memory=True``, then ``False``."""
     rows = {}
@@ -250,12 +274,16 @@ def asyncload_rows(
             max_concurrency=OPTIONS.get("max_concurrency"),
             cpu_threads=OPTIONS.get("cpu_threads"),
         )
-        rows[f"asyncload.DataLoader, pin_memory={pin}"] = run_loader(trainer, loader, pin, shape)
+        row = run_loader(trainer, loader, pin, shape, server_pid)
+        rows[f"asyncload.DataLoader, pin_memory={pin}"] = row
         st = loader.stats()  # the timed epoch's: which stage bounds it, and the CPU lane's use
         print(
             f"asyncload pin_memory={pin}: bound by {st.bound_by or '-'}, workers' CPU "
             f"{st.worker_cpu_s:.1f} s, CPU lane {st.cpu_lane_s:.1f} s, waiting {st.wait_s:.1f} s "
-            f"of {st.elapsed_s:.1f} s",
+            f"of {st.elapsed_s:.1f} s; CPU ms per sample: machine {row['cpu_ms']:.2f}, workers "
+            f"{st.worker_cpu_s * 1000 / max(1, st.samples):.2f} (lanes "
+            f"{st.cpu_lane_s * 1000 / max(1, st.samples):.2f}), training process "
+            f"{row['main_ms']:.2f}, server {row['server_ms']:.2f}",
             flush=True,
         )
         del loader
@@ -263,7 +291,12 @@ def asyncload_rows(
 
 
 def torch_row(
-    trainer: Trainer, dataset: Any, workers: int, shape: tuple[int, ...], **kw: Any
+    trainer: Trainer,
+    dataset: Any,
+    workers: int,
+    shape: tuple[int, ...],
+    server_pid: int,
+    **kw: Any,
 ) -> dict[str, float]:
     loader = torch.utils.data.DataLoader(
         dataset,
@@ -273,7 +306,13 @@ def torch_row(
         persistent_workers=True,
         **kw,
     )
-    return run_loader(trainer, loader, True, shape)
+    row = run_loader(trainer, loader, True, shape, server_pid)
+    print(
+        f"torch: CPU ms per sample: machine {row['cpu_ms']:.2f}, training process "
+        f"{row['main_ms']:.2f}, server {row['server_ms']:.2f}",
+        flush=True,
+    )
+    return row
 
 
 def run_synthetic(
@@ -285,14 +324,14 @@ def run_synthetic(
     with ObjectServerProcess() as server:
         urls = [server.url_for(index=i, size=SIZE, latency=LATENCY) for i in range(n)]
         rows |= asyncload_rows(
-            trainer, asyncload.RemoteFiles(urls, decode=to_image), workers, SHAPE
+            trainer, asyncload.RemoteFiles(urls, decode=to_image), workers, SHAPE, server.pid
         )
         host, port = server.base_url.removeprefix("http://").split(":")
         prefix = server.prefix(SIZE, LATENCY).split(server.base_url, 1)[1]
         dataset = ThreadedBlobs(host, int(port), prefix, n)
         if not OPTIONS.get("skip_torch"):
             rows["torch DataLoader + 32 threads, pin_memory=True"] = torch_row(
-                trainer, dataset, workers, SHAPE, collate_fn=collate_images
+                trainer, dataset, workers, SHAPE, server.pid, collate_fn=collate_images
             )
     return rows, f"{n} images 3x128x128"
 
@@ -358,7 +397,10 @@ def run_jpeg(
     cores = cores_here()
     for processes in sorted({workers, cores}):  # forks: before CUDA is initialised
         rate = parallel_decode_rate(blobs, processes)
-        print(f"decode + augment in {processes} processes at once: {rate:,.0f} images/s")
+        print(
+            f"decode + augment in {processes} processes at once: {rate:,.0f} images/s "
+            f"({processes * 1000 / rate:.2f} ms of CPU per image)"
+        )
     OPTIONS["cpu_ceiling"] = rate  # every core decoding: no loader on these CPUs feeds more
     trainer = Trainer(device)
     batch = torch.stack([image for image, _ in decoded[:BATCH]]).to(trainer.device)
@@ -371,7 +413,7 @@ def run_jpeg(
             decode=bench_pipeline.decode_image,
             decode_in_thread=OPTIONS.get("decode_in_thread"),
         )
-        rows |= asyncload_rows(trainer, dataset, workers, JPEG_SHAPE)
+        rows |= asyncload_rows(trainer, dataset, workers, JPEG_SHAPE, server.pid)
         host, port = server.base_url.removeprefix("http://").split(":")
         prefix = f"/{BUCKET}/{bench_pipeline.CORPUS_ID['images']}/{latency}"
         threaded = bench_pipeline.ThreadedDecoded(
@@ -379,7 +421,7 @@ def run_jpeg(
         )
         if not OPTIONS.get("skip_torch"):
             rows["torch DataLoader + 32 threads (GET + decode), pin_memory=True"] = torch_row(
-                trainer, threaded, workers, JPEG_SHAPE
+                trainer, threaded, workers, JPEG_SHAPE, server.pid
             )
     w, h = bench_pipeline.IMAGE_W, bench_pipeline.IMAGE_H
     return rows, f"{n} JPEGs {w}x{h} -> decode + RandomResizedCrop(224) + flip in the workers"
@@ -440,13 +482,14 @@ def main(argv: list[str] | None = None) -> int:
     top = rows[CEILING]["rate"]
     print(
         "| row | samples/s | share of time waiting for data | machine's cores busy "
-        "| of the compute ceiling |"
+        "| machine CPU ms/sample | of the compute ceiling |"
     )
-    print("|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|")
     for label, row in rows.items():
         busy = f"{row['busy']:.0%}" if "busy" in row else "-"
+        cpu = f"{row['cpu_ms']:.2f}" if "cpu_ms" in row else "-"
         print(
-            f"| {label} | {row['rate']:,.0f} | {row['wait']:.0%} | {busy} "
+            f"| {label} | {row['rate']:,.0f} | {row['wait']:.0%} | {busy} | {cpu} "
             f"| {row['rate'] / top:.2f} |"
         )
     if args.pipeline == "jpeg" and device.type == "cuda":
