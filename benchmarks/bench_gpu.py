@@ -27,7 +27,9 @@ Rows:
   can do.
 
 Each loader row runs one warm-up epoch, then a timed epoch on persistent workers: samples/s of
-the training loop and the share of its time spent waiting for data. Every batch is checked: its
+the training loop, the share of its time spent waiting for data, and the machine's CPU per
+sample, split into the training process's, the server's and (asyncload) the workers' and their
+CPU lanes' (from ``/proc`` and ``loader.stats()``). Every batch is checked: its
 shape and dtype, pinned when asked for (on CUDA), copied to the training device, and its
 contents: ``synthetic``, now and then, that its first image holds the object's bytes; ``jpeg``,
 that every image index arrives exactly once per epoch. ``jpeg`` also prints what decoding costs
