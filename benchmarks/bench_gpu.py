@@ -285,7 +285,8 @@ def asyncload_rows(
             f"of {st.elapsed_s:.1f} s; CPU ms per sample: machine {row['cpu_ms']:.2f}, workers "
             f"{st.worker_cpu_s * 1000 / max(1, st.samples):.2f} (lanes "
             f"{st.cpu_lane_s * 1000 / max(1, st.samples):.2f}), training process "
-            f"{row['main_ms']:.2f}, server {row['server_ms']:.2f}",
+            f"{row['main_ms']:.2f}, server {row['server_ms']:.2f}; in-flight limits "
+            f"{'/'.join(map(str, st.concurrency))}, fetch p50 {st.latency_p50 * 1000:.0f} ms",
             flush=True,
         )
         del loader
