@@ -27,14 +27,17 @@ Rows:
   can do.
 
 Each loader row runs one warm-up epoch, then a timed epoch on persistent workers: samples/s of
-the training loop, the share of its time spent waiting for data, and the machine's CPU per
-sample, split into the training process's, the server's and (asyncload) the workers' and their
-CPU lanes' (from ``/proc`` and ``loader.stats()``). Every batch is checked: its
-shape and dtype, pinned when asked for (on CUDA), copied to the training device, and its
-contents: ``synthetic``, now and then, that its first image holds the object's bytes; ``jpeg``,
-that every image index arrives exactly once per epoch. ``jpeg`` also prints what decoding costs
-one core (a bound on what the workers can feed) and, on CUDA, issue 32's target (asyncload with
-``pin_memory=True`` >= 0.95 of the compute ceiling).
+the training loop, the share of its time spent waiting for data, the share of the machine's
+cores busy and its CPU per sample (in the table). A line per row splits that CPU into the
+training process's, the server's and (asyncload) the workers' and their CPU lanes' (from
+``/proc`` and ``loader.stats()``), with the stage ``stats()`` says bounds the pass, the
+workers' in-flight limits and the fetch p50. Every batch is checked: its shape and dtype,
+pinned when asked for (on CUDA), copied to the training device, and its contents:
+``synthetic``, now and then, that its first image holds the object's bytes; ``jpeg``, that
+every image index arrives exactly once per epoch. ``jpeg`` also prints what decoding costs one
+core, the CPU ceiling (every core decoding, no loader: a bound on what the workers can feed)
+with its CPU per image, and, on CUDA, issue 32's target (asyncload with ``pin_memory=True`` >=
+0.95 of the compute ceiling).
 
     python benchmarks/bench_gpu.py              # about a minute on one GPU
     python benchmarks/bench_gpu.py --samples 2048 --workers 8
@@ -46,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import math
 import multiprocessing
 import os
 import sys
@@ -198,22 +202,23 @@ def train_epoch(
         "samples": seen,
         "ids": ids,
         "busy": busy,
-        # ms of CPU per sample: the whole machine's (its busy share of every core), the training
-        # process's (its loop, the pin-memory thread, CUDA's threads) and the store's server's
-        "cpu_ms": busy * cores_here() * elapsed * per_sample,
+        # ms of CPU per sample: the whole machine's (every CPU's busy time in /proc/stat, in
+        # USER_HZ ticks), the training process's (its loop, the pin-memory thread, CUDA's
+        # threads) and the store's server's (nan where /proc cannot tell)
+        "cpu_ms": (busy1[0] - busy0[0]) / os.sysconf("SC_CLK_TCK") * per_sample,
         "main_ms": (time.process_time() - main0) * per_sample,
         "server_ms": (_process_cpu(server_pid) - server0) * per_sample,
     }
 
 
 def _process_cpu(pid: int | None) -> float:
-    """CPU seconds process *pid* has used so far, from /proc (zero for none, or where none)."""
+    """CPU seconds process *pid* has used so far, from /proc (nan for none, or where none)."""
     if pid is None:
-        return 0.0
+        return math.nan
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
-        return 0.0
+        return math.nan
     # utime and stime, fields 14 and 15 of stat(5), counted after the ")" closing the name
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
