@@ -45,6 +45,7 @@ bench: $(STAMP) $(AZURITE)
 	$(BIN)/python benchmarks/bench_tails.py
 	$(BIN)/python benchmarks/bench_cache.py
 	$(BIN)/python benchmarks/bench_wholerun.py
+	$(BIN)/python benchmarks/bench_lane.py
 
 # constraints.txt pins the whole tree (every Python version ≥ 3.10, every platform); torch stays
 # at the version whose CPU wheel pip finds locally. Run after changing a dependency.

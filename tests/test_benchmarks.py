@@ -1,7 +1,7 @@
 """Smoke tests: ``benchmarks/bench_loader.py``, ``bench_tails.py``, ``bench_cache.py``,
-``bench_wholerun.py``, ``bench_pipeline.py``, ``bench_autotune.py`` and ``bench_converge.py``
-with ``--quick`` run and print their tables; ``bench_gpu.py`` says it needs CUDA and exits, and
-its CPU ceiling runs.
+``bench_wholerun.py``, ``bench_pipeline.py``, ``bench_autotune.py``, ``bench_converge.py`` and
+``bench_lane.py`` with ``--quick`` run and print their tables; ``bench_gpu.py`` says it needs
+CUDA and exits, and its CPU ceiling runs.
 
 Only that it runs: speed depends on whatever else the machine is doing, so no numbers are
 checked here.
@@ -197,3 +197,10 @@ def test_bench_gpu_without_cuda_says_so_and_measures_the_cpu_ceiling() -> None:
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert float(proc.stdout) > 0, proc.stdout
+
+
+@pytest.mark.timeout(60)
+def test_bench_lane_quick_prints_each_way() -> None:
+    text = _run_quick("bench_lane.py", timeout=50)
+    for way in ("| inline |", "| asyncload.cpu |", "| run_in_executor(lane) |"):
+        assert way in text, f"{way} missing:\n{text}"

@@ -68,6 +68,86 @@ def test_a_lane_runs_the_lowest_batch_first_then_in_order() -> None:
     assert ran == [(0, 4), (1, 1), (1, 3), (3, 2), (5, 0), (5, 5)]
 
 
+def _held(lane: _cpu.CpuLane) -> threading.Event:
+    """Occupy *lane*'s one thread until the returned event is set."""
+    gate, holding = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        holding.set()
+        gate.wait(10)
+
+    lane.submit(hold)
+    assert holding.wait(10)
+    return gate
+
+
+@pytest.mark.timeout(20)
+def test_a_scheduled_call_runs_on_the_lane_and_its_outcome_reaches_the_loop() -> None:
+    lane = _cpu.CpuLane(1, name="test-cpu")
+
+    def boom() -> None:
+        raise KeyError("decode failed")
+
+    async def main() -> tuple[str, str, BaseException]:
+        future = lane.schedule(lambda: threading.current_thread().name)
+        resolved_on: list[str] = []
+        future.add_done_callback(lambda _: resolved_on.append(threading.current_thread().name))
+        ran_on = await future
+        with pytest.raises(KeyError, match="decode failed") as err:
+            await lane.schedule(boom)
+        return ran_on, resolved_on[0], err.value
+
+    try:
+        ran_on, resolved_on, error = asyncio.run(main())
+    finally:
+        lane.shutdown()
+    assert ran_on.startswith("test-cpu")
+    assert resolved_on == threading.current_thread().name  # the loop's thread
+    assert isinstance(error, KeyError)
+
+
+@pytest.mark.timeout(20)
+def test_a_scheduled_call_cancelled_before_it_starts_never_runs() -> None:
+    lane = _cpu.CpuLane(1, name="test-cpu")
+    ran: list[str] = []
+
+    async def main() -> None:
+        gate = _held(lane)
+        skipped = lane.schedule(ran.append, "cancelled")
+        later = lane.schedule(ran.append, "later")
+        skipped.cancel()
+        gate.set()
+        await later
+        with pytest.raises(asyncio.CancelledError):
+            await skipped
+
+    try:
+        asyncio.run(main())
+    finally:
+        lane.shutdown()
+    assert ran == ["later"]
+
+
+@pytest.mark.timeout(20)
+def test_shutdown_cancels_scheduled_calls_also_after_their_loop_closed() -> None:
+    lane = _cpu.CpuLane(1, name="test-cpu")
+    ran: list[int] = []
+    loop = asyncio.new_event_loop()
+    gate = _held(lane)
+
+    async def schedule() -> list[asyncio.Future[None]]:
+        return [lane.schedule(ran.append, i) for i in range(3)]
+
+    futures = loop.run_until_complete(schedule())
+    loop.close()  # as a worker's engine ends: its loop goes before its lane
+    lane.shutdown(wait=False, cancel_futures=True)  # no RuntimeError from the closed loop
+    gate.set()
+    for thread in lane._threads:
+        thread.join(10)
+    assert ran == []
+    assert not any(f.done() for f in futures)  # nothing ran, and nothing reached the loop
+
+
 @pytest.mark.timeout(20)
 def test_cpu_outside_a_worker_runs_in_the_default_executor() -> None:
     async def main() -> tuple[int, str]:

@@ -232,7 +232,6 @@ async def decode_in_pool(
 ) -> AsyncGenerator[Any, None]:
     """*raw* after its first *skip* samples, decoded in the loop's thread pool, in order."""
     # Up to this many decodes run in the pool while parsing goes on; results keep their order.
-    loop = asyncio.get_running_loop()
     limit = min(32, (os.cpu_count() or 1) * 2)
     running: collections.deque[asyncio.Future[Any]] = collections.deque()
     seen = 0
@@ -241,7 +240,7 @@ async def decode_in_pool(
             seen += 1
             if seen <= skip:
                 continue
-            running.append(loop.run_in_executor(_cpu.current(), decode, item))
+            running.append(_cpu.on_lane(decode, item))
             if len(running) >= limit:
                 done = await running.popleft()
                 if done is not None:
