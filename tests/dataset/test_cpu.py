@@ -82,28 +82,35 @@ def _held(lane: _cpu.CpuLane) -> threading.Event:
 
 
 @pytest.mark.timeout(20)
-def test_a_scheduled_call_runs_on_the_lane_and_its_outcome_reaches_the_loop() -> None:
+def test_a_scheduled_call_runs_on_the_lane_and_its_outcome_reaches_its_awaiter() -> None:
     lane = _cpu.CpuLane(1, name="test-cpu")
 
     def boom() -> None:
         raise KeyError("decode failed")
 
-    async def main() -> tuple[str, str, BaseException]:
-        future = lane.schedule(lambda: threading.current_thread().name)
-        resolved_on: list[str] = []
-        future.add_done_callback(lambda _: resolved_on.append(threading.current_thread().name))
-        ran_on = await future
-        with pytest.raises(KeyError, match="decode failed") as err:
+    def stop() -> None:
+        raise StopIteration("a decoder's next() ran dry")
+
+    async def coroutine() -> None:
+        pass
+
+    async def main() -> tuple[str, BaseException]:
+        ran_on = await lane.schedule(lambda: threading.current_thread().name)
+        with pytest.raises(KeyError, match="decode failed"):
             await lane.schedule(boom)
-        return ran_on, resolved_on[0], err.value
+        # A future refuses StopIteration: it comes as a RuntimeError (PEP 479), not as a hang.
+        with pytest.raises(RuntimeError, match="raised StopIteration") as stopped:
+            await lane.schedule(stop)
+        with pytest.raises(TypeError, match="coroutine cannot run on a CPU lane"):
+            lane.schedule(coroutine)
+        return ran_on, stopped.value
 
     try:
-        ran_on, resolved_on, error = asyncio.run(main())
+        ran_on, stopped = asyncio.run(main())
     finally:
         lane.shutdown()
     assert ran_on.startswith("test-cpu")
-    assert resolved_on == threading.current_thread().name  # the loop's thread
-    assert isinstance(error, KeyError)
+    assert isinstance(stopped.__cause__, StopIteration)
 
 
 @pytest.mark.timeout(20)
@@ -129,23 +136,50 @@ def test_a_scheduled_call_cancelled_before_it_starts_never_runs() -> None:
 
 
 @pytest.mark.timeout(20)
-def test_shutdown_cancels_scheduled_calls_also_after_their_loop_closed() -> None:
+def test_shutdown_cancels_the_scheduled_calls_still_queued() -> None:
+    lane = _cpu.CpuLane(1, name="test-cpu")
+    ran: list[int] = []
+
+    async def main() -> list[asyncio.Future[None]]:
+        gate = _held(lane)
+        futures = [lane.schedule(ran.append, i) for i in range(3)]
+        lane.shutdown(wait=False, cancel_futures=True)  # as a worker's engine ends
+        gate.set()
+        await asyncio.wait(futures, timeout=10)
+        return futures
+
+    futures = asyncio.run(main())
+    for thread in lane._threads:
+        thread.join(10)
+    assert ran == []
+    assert all(f.cancelled() for f in futures)
+
+
+@pytest.mark.timeout(20)
+def test_a_scheduled_call_whose_loop_closed_meanwhile_is_dropped_quietly() -> None:
     lane = _cpu.CpuLane(1, name="test-cpu")
     ran: list[int] = []
     loop = asyncio.new_event_loop()
     gate = _held(lane)
+    running, finish = threading.Event(), threading.Event()
 
-    async def schedule() -> list[asyncio.Future[None]]:
-        return [lane.schedule(ran.append, i) for i in range(3)]
+    def slow(i: int) -> int:
+        running.set()
+        finish.wait(10)
+        ran.append(i)
+        return i
+
+    async def schedule() -> list[asyncio.Future[int]]:
+        return [lane.schedule(slow, 0), lane.schedule(ran.append, 1)]
 
     futures = loop.run_until_complete(schedule())
-    loop.close()  # as a worker's engine ends: its loop goes before its lane
-    lane.shutdown(wait=False, cancel_futures=True)  # no RuntimeError from the closed loop
     gate.set()
-    for thread in lane._threads:
-        thread.join(10)
-    assert ran == []
-    assert not any(f.done() for f in futures)  # nothing ran, and nothing reached the loop
+    assert running.wait(10)  # the first call runs; the second waits for the thread
+    loop.close()
+    finish.set()  # the first call's result goes to a closed loop: dropped, no error
+    lane.shutdown(wait=True)  # the second never starts: its loop is gone
+    assert ran == [0]
+    assert not any(f.done() for f in futures)
 
 
 @pytest.mark.timeout(20)

@@ -21,6 +21,7 @@ import contextlib
 import contextvars
 import functools
 import heapq
+import inspect
 import itertools
 import os
 import threading
@@ -150,8 +151,15 @@ def _resolve(future: asyncio.Future[Any], result: Any) -> None:
 
 
 def _fail(future: asyncio.Future[Any], exception: BaseException) -> None:
-    if not future.done():
-        future.set_exception(exception)
+    if future.done():
+        return
+    if isinstance(exception, StopIteration):
+        # A future refuses it (TypeError, in a loop callback: the awaiter would wait forever),
+        # as a generator turns it into a RuntimeError (PEP 479).
+        error = RuntimeError(f"a CPU-lane call raised StopIteration: {exception!r}")
+        error.__cause__ = exception
+        exception = error
+    future.set_exception(exception)
 
 
 def _cancel(future: asyncio.Future[Any], _: None) -> None:
@@ -161,8 +169,9 @@ def _cancel(future: asyncio.Future[Any], _: None) -> None:
 class _LoopWaiter:
     """The event loop's future of a ``schedule``d call, as the lane's threads see it: its outcome
     goes to the loop in one ``call_soon_threadsafe``. (``run_in_executor`` chains a concurrent
-    future to an asyncio one, with a lock, a condition and two callbacks per call: a trivial
-    call cost 50-54 us of CPU through it against 27-34 us this way, on the 2-core test VM.)"""
+    future to an asyncio one, with a lock, a condition and two callbacks per call: a call that
+    does nothing cost 39-53 µs of CPU more than inline through it, 13-21 µs this way, on the
+    2-core test VM: ``benchmarks/bench_lane.py``.)"""
 
     __slots__ = ("_future", "_loop")
 
@@ -172,8 +181,8 @@ class _LoopWaiter:
 
     def set_running_or_notify_cancel(self) -> bool:
         # Read on a lane thread: a future once cancelled stays so (a cancel after this read
-        # lets the call run, and its outcome is dropped: _resolve).
-        return not self._future.cancelled()
+        # lets the call run, and its outcome is dropped: _resolve), and a closed loop closed.
+        return not (self._future.cancelled() or self._loop.is_closed())
 
     def set_result(self, result: Any) -> None:
         self._post(_resolve, result)
@@ -235,6 +244,9 @@ class CpuLane(concurrent.futures.Executor):
     def schedule(self, fn: Callable[..., T], /, *args: Any) -> asyncio.Future[T]:
         """``fn(*args)`` on the lane, for a caller on the running event loop's thread: a future
         of that loop, resolved there. Cancelling it before the call starts skips the call."""
+        if inspect.iscoroutine(fn) or inspect.iscoroutinefunction(fn):
+            # As run_in_executor: a thread would only make the coroutine, never run it.
+            raise TypeError(f"a coroutine cannot run on a CPU lane, await it instead: {fn!r}")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
         self._queue(
@@ -287,7 +299,8 @@ class CpuLane(concurrent.futures.Executor):
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """Stop taking calls; the threads end once what is queued has run (or was cancelled,
-        with *cancel_futures*)."""
+        with *cancel_futures*). A ``schedule``d call's future is cancelled on its loop's thread,
+        when that loop next runs; once the loop is closed nothing reaches it."""
         with self._cond:
             self._closed = True
             if cancel_futures:

@@ -230,8 +230,9 @@ async def shuffled(
 async def decode_in_pool(
     raw: AsyncIterator[Any], skip: int, decode: Callable[[Any], Any]
 ) -> AsyncGenerator[Any, None]:
-    """*raw* after its first *skip* samples, decoded in the loop's thread pool, in order."""
-    # Up to this many decodes run in the pool while parsing goes on; results keep their order.
+    """*raw* after its first *skip* samples, decoded on the worker's CPU lane (outside a worker,
+    in the loop's default executor), in order."""
+    # Up to this many decodes run on the lane while parsing goes on; results keep their order.
     limit = min(32, (os.cpu_count() or 1) * 2)
     running: collections.deque[asyncio.Future[Any]] = collections.deque()
     seen = 0
