@@ -32,6 +32,10 @@ Usage from a benchmark::
 
 from __future__ import annotations
 
+import math
+import os
+from pathlib import Path
+
 from asyncload.cli.loopback import ServerProcess, object_bytes, object_view
 
 __all__ = ["ObjectServerProcess", "object_bytes", "object_view"]
@@ -87,3 +91,13 @@ class ObjectServerProcess(ServerProcess):
     def throttled(self) -> int:
         """Requests answered with a throttle so far (a blocking GET /throttled)."""
         return self.count("throttled")
+
+    def cpu(self) -> float:
+        """CPU seconds the server process has used so far, from ``/proc`` (nan where there is
+        none: psutil is not needed, so that ``bench_gpu.py`` runs without it)."""
+        try:
+            fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            return math.nan
+        # utime and stime, fields 14 and 15 of stat(5), counted after the ")" closing the name
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import math
 import multiprocessing
 import os
 import sys
@@ -154,7 +153,7 @@ def train_epoch(
     batches: Iterable[Any],
     pinned: bool,
     shape: tuple[int, ...],
-    server_pid: int | None = None,
+    server: ObjectServerProcess,
 ) -> dict[str, Any]:
     """One epoch: samples/s, the share of wall time the loop waited for its next batch, the
     machine's CPU per sample (and the training process's and the server's), and the indices
@@ -162,7 +161,7 @@ def train_epoch(
     pinned = pinned and trainer.device.type == "cuda"  # nothing is pinned without CUDA
     trainer.sync()
     busy0 = _cpu_times()
-    main0, server0 = time.process_time(), _process_cpu(server_pid)
+    main0, server0 = time.process_time(), server.cpu()
     t0 = time.perf_counter()
     waited = 0.0
     seen = 0
@@ -207,20 +206,8 @@ def train_epoch(
         # threads) and the store's server's (nan where /proc cannot tell)
         "cpu_ms": (busy1[0] - busy0[0]) / os.sysconf("SC_CLK_TCK") * per_sample,
         "main_ms": (time.process_time() - main0) * per_sample,
-        "server_ms": (_process_cpu(server_pid) - server0) * per_sample,
+        "server_ms": (server.cpu() - server0) * per_sample,
     }
-
-
-def _process_cpu(pid: int | None) -> float:
-    """CPU seconds process *pid* has used so far, from /proc (nan for none, or where none)."""
-    if pid is None:
-        return math.nan
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return math.nan
-    # utime and stime, fields 14 and 15 of stat(5), counted after the ")" closing the name
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _cpu_times() -> tuple[float, float]:
@@ -246,11 +233,11 @@ def ceiling(trainer: Trainer, batch: torch.Tensor, n: int) -> dict[str, float]:
 
 
 def run_loader(
-    trainer: Trainer, loader: Any, pinned: bool, shape: tuple[int, ...], server_pid: int
+    trainer: Trainer, loader: Any, pinned: bool, shape: tuple[int, ...], server: ObjectServerProcess
 ) -> dict[str, float]:
     n = len(loader.dataset)
     for epoch in ("warm-up", "timed"):  # warm-up: workers started, connections opened
-        result = train_epoch(trainer, loader, pinned, shape, server_pid)
+        result = train_epoch(trainer, loader, pinned, shape, server)
         if result["samples"] != n:
             raise AssertionError(f"{epoch} epoch: {result['samples']} samples of {n}")
         ids = result.pop("ids")
@@ -267,7 +254,11 @@ OPTIONS: dict[str, Any] = {}
 
 
 def asyncload_rows(
-    trainer: Trainer, dataset: Any, workers: int, shape: tuple[int, ...], server_pid: int
+    trainer: Trainer,
+    dataset: Any,
+    workers: int,
+    shape: tuple[int, ...],
+    server: ObjectServerProcess,
 ) -> dict[str, dict[str, float]]:
     """The two asyncload rows over *dataset*: ``pin_memory=True``, then ``False``."""
     rows = {}
@@ -281,7 +272,7 @@ def asyncload_rows(
             max_concurrency=OPTIONS.get("max_concurrency"),
             cpu_threads=OPTIONS.get("cpu_threads"),
         )
-        row = run_loader(trainer, loader, pin, shape, server_pid)
+        row = run_loader(trainer, loader, pin, shape, server)
         rows[f"asyncload.DataLoader, pin_memory={pin}"] = row
         st = loader.stats()  # the timed epoch's: which stage bounds it, and the CPU lane's use
         print(
@@ -303,7 +294,7 @@ def torch_row(
     dataset: Any,
     workers: int,
     shape: tuple[int, ...],
-    server_pid: int,
+    server: ObjectServerProcess,
     **kw: Any,
 ) -> dict[str, float]:
     loader = torch.utils.data.DataLoader(
@@ -314,7 +305,7 @@ def torch_row(
         persistent_workers=True,
         **kw,
     )
-    row = run_loader(trainer, loader, True, shape, server_pid)
+    row = run_loader(trainer, loader, True, shape, server)
     print(
         f"torch: CPU ms per sample: machine {row['cpu_ms']:.2f}, training process "
         f"{row['main_ms']:.2f}, server {row['server_ms']:.2f}",
@@ -332,14 +323,14 @@ def run_synthetic(
     with ObjectServerProcess() as server:
         urls = [server.url_for(index=i, size=SIZE, latency=LATENCY) for i in range(n)]
         rows |= asyncload_rows(
-            trainer, asyncload.RemoteFiles(urls, decode=to_image), workers, SHAPE, server.pid
+            trainer, asyncload.RemoteFiles(urls, decode=to_image), workers, SHAPE, server
         )
         host, port = server.base_url.removeprefix("http://").split(":")
         prefix = server.prefix(SIZE, LATENCY).split(server.base_url, 1)[1]
         dataset = ThreadedBlobs(host, int(port), prefix, n)
         if not OPTIONS.get("skip_torch"):
             rows["torch DataLoader + 32 threads, pin_memory=True"] = torch_row(
-                trainer, dataset, workers, SHAPE, server.pid, collate_fn=collate_images
+                trainer, dataset, workers, SHAPE, server, collate_fn=collate_images
             )
     return rows, f"{n} images 3x128x128"
 
@@ -421,7 +412,7 @@ def run_jpeg(
             decode=bench_pipeline.decode_image,
             decode_in_thread=OPTIONS.get("decode_in_thread"),
         )
-        rows |= asyncload_rows(trainer, dataset, workers, JPEG_SHAPE, server.pid)
+        rows |= asyncload_rows(trainer, dataset, workers, JPEG_SHAPE, server)
         host, port = server.base_url.removeprefix("http://").split(":")
         prefix = f"/{BUCKET}/{bench_pipeline.CORPUS_ID['images']}/{latency}"
         threaded = bench_pipeline.ThreadedDecoded(
@@ -429,7 +420,7 @@ def run_jpeg(
         )
         if not OPTIONS.get("skip_torch"):
             rows["torch DataLoader + 32 threads (GET + decode), pin_memory=True"] = torch_row(
-                trainer, threaded, workers, JPEG_SHAPE, server.pid
+                trainer, threaded, workers, JPEG_SHAPE, server
             )
     w, h = bench_pipeline.IMAGE_W, bench_pipeline.IMAGE_H
     return rows, f"{n} JPEGs {w}x{h} -> decode + RandomResizedCrop(224) + flip in the workers"

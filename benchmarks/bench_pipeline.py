@@ -574,12 +574,6 @@ class FileServerProcess(_server.ObjectServerProcess):
     def command(self) -> list[str]:
         return [sys.executable, __file__, "--serve", *map(str, self.folders)]
 
-    def cpu(self) -> float:
-        import psutil
-
-        t = psutil.Process(self.pid).cpu_times()
-        return float(t.user + t.system)
-
 
 # ── the driver ────────────────────────────────────────────────────────────────────────────────
 

@@ -173,16 +173,15 @@ class _LoopWaiter:
     does nothing cost 39-53 µs of CPU more than inline through it, 13-21 µs this way, on the
     2-core test VM: ``benchmarks/bench_lane.py``.)"""
 
-    __slots__ = ("_future", "_loop")
+    __slots__ = ("_future",)
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any]) -> None:
-        self._loop = loop
+    def __init__(self, future: asyncio.Future[Any]) -> None:
         self._future = future
 
     def set_running_or_notify_cancel(self) -> bool:
         # Read on a lane thread: a future once cancelled stays so (a cancel after this read
         # lets the call run, and its outcome is dropped: _resolve), and a closed loop closed.
-        return not (self._future.cancelled() or self._loop.is_closed())
+        return not (self._future.cancelled() or self._future.get_loop().is_closed())
 
     def set_result(self, result: Any) -> None:
         self._post(_resolve, result)
@@ -196,7 +195,7 @@ class _LoopWaiter:
 
     def _post(self, fn: Callable[[asyncio.Future[Any], Any], None], value: Any) -> None:
         try:
-            self._loop.call_soon_threadsafe(fn, self._future, value)
+            self._future.get_loop().call_soon_threadsafe(fn, self._future, value)
         except RuntimeError:  # the loop is closed: nobody waits for it any more
             pass
 
@@ -238,7 +237,7 @@ class CpuLane(concurrent.futures.Executor):
         self, fn: Callable[..., T], /, *args: Any, **kwargs: Any
     ) -> concurrent.futures.Future[T]:
         future: concurrent.futures.Future[T] = concurrent.futures.Future()
-        self._queue(future, functools.partial(contextvars.copy_context().run, fn, *args, **kwargs))
+        self._queue(future, fn, *args, **kwargs)
         return future
 
     def schedule(self, fn: Callable[..., T], /, *args: Any) -> asyncio.Future[T]:
@@ -247,14 +246,13 @@ class CpuLane(concurrent.futures.Executor):
         if inspect.iscoroutine(fn) or inspect.iscoroutinefunction(fn):
             # As run_in_executor: a thread would only make the coroutine, never run it.
             raise TypeError(f"a coroutine cannot run on a CPU lane, await it instead: {fn!r}")
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[T] = loop.create_future()
-        self._queue(
-            _LoopWaiter(loop, future), functools.partial(contextvars.copy_context().run, fn, *args)
-        )
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        self._queue(_LoopWaiter(future), fn, *args)
         return future
 
-    def _queue(self, waiter: _Waiter, call: Callable[[], Any]) -> None:
+    def _queue(self, waiter: _Waiter, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> None:
+        """Queue ``fn(*args, **kwargs)``, run in a copy of the caller's context, for *waiter*."""
+        call = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
         with self._cond:
             if self._closed:
                 raise RuntimeError("cannot submit to a CPU lane after shutdown")
