@@ -46,6 +46,7 @@ bench: $(STAMP) $(AZURITE)
 	$(BIN)/python benchmarks/bench_cache.py
 	$(BIN)/python benchmarks/bench_wholerun.py
 	$(BIN)/python benchmarks/bench_lane.py
+	$(BIN)/python benchmarks/bench_layers.py
 
 # constraints.txt pins the whole tree (every Python version ≥ 3.10, every platform); torch stays
 # at the version whose CPU wheel pip finds locally. Run after changing a dependency.

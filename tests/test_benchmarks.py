@@ -1,7 +1,7 @@
 """Smoke tests: ``benchmarks/bench_loader.py``, ``bench_tails.py``, ``bench_cache.py``,
-``bench_wholerun.py``, ``bench_pipeline.py``, ``bench_autotune.py``, ``bench_converge.py`` and
-``bench_lane.py`` with ``--quick`` run and print their tables; ``bench_gpu.py`` says it needs
-CUDA and exits, and its CPU ceiling runs.
+``bench_wholerun.py``, ``bench_pipeline.py``, ``bench_autotune.py``, ``bench_converge.py``,
+``bench_lane.py`` and ``bench_layers.py`` with ``--quick`` run and print their tables;
+``bench_gpu.py`` says it needs CUDA and exits, and its CPU ceiling runs.
 
 Only that it runs: speed depends on whatever else the machine is doing, so no numbers are
 checked here.
@@ -204,3 +204,21 @@ def test_bench_lane_quick_prints_each_way() -> None:
     text = _run_quick("bench_lane.py", timeout=50)
     for way in ("| inline |", "| asyncload.cpu |", "| run_in_executor(lane) |"):
         assert way in text, f"{way} missing:\n{text}"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_bench_layers_quick_prints_each_layer() -> None:
+    text = _run_quick("bench_layers.py", "--samples", "256", timeout=130)
+    for layer in (
+        "| http | aiohttp |",
+        "| http | asyncload's session |",
+        "| http | HttpBackend.read |",
+        "| http | asyncload.read, no hedging |",
+        "| http | asyncload.read |",
+        "| http | DataLoader, num_workers=0 |",
+    ):
+        assert layer in text, f"{layer} missing:\n{text}"
+    if "s3:// rows skipped: obstore is not installed" not in text:
+        assert "| s3 | obstore.get_range_async |" in text, text
+        assert "| s3 | asyncload.read |" in text, text
