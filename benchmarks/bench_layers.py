@@ -32,10 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import os
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -46,6 +43,7 @@ import uvloop
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _children import result, spawn
 from _peers import BUCKET, CREDS, installed
 from _server import ObjectServerProcess
 
@@ -171,23 +169,11 @@ def _child(row: str, base: str, n: int) -> None:
     else:
         uvloop.run(_row(row, base, urls))
     cpu, wall = time.process_time() - c0, time.perf_counter() - t0
-    print("RESULT " + json.dumps({"cpu_us": cpu / n * 1e6, "rate": n / wall}), flush=True)
+    result(cpu_us=cpu / n * 1e6, rate=n / wall)
 
 
 def _spawn(row: str, base: str, n: int) -> dict[str, float]:
-    out = subprocess.run(
-        [sys.executable, __file__, "--child", row, base, str(n)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=dict(os.environ),
-        check=False,
-    )
-    if out.returncode != 0:
-        raise SystemExit(f"{row} failed:\n{out.stderr}")
-    line = next(ln for ln in out.stdout.splitlines() if ln.startswith("RESULT "))
-    result: dict[str, float] = json.loads(line.removeprefix("RESULT "))
-    return result
+    return spawn(__file__, row, base, str(n), what=row)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -59,7 +59,6 @@ import os
 import random
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -74,6 +73,7 @@ import _server
 import numpy as np
 import torch
 import torch.utils.data
+from _children import result, spawn
 from _peers import BUCKET, CREDS, installed
 from bench_loader import ThreadedBlobs
 from PIL import Image
@@ -288,10 +288,6 @@ class ThreadedDecoded(ThreadedBlobs):
 # ── one row, in its own interpreter ───────────────────────────────────────────────────────────
 
 
-def _result(**fields: Any) -> None:
-    print("RESULT " + json.dumps(fields), flush=True)
-
-
 def _tree_cpu() -> float:
     """CPU seconds of this process and every live descendant, reaped children included."""
     import psutil
@@ -355,7 +351,7 @@ def _timed_epoch(loader: Iterable[Any], kind: str, n: int, build_s: float) -> No
     cpu = _tree_cpu() - cpu0  # before the loader's workers are gone
     idle = _idle_share(machine0)
     _check(kind, ids, n)
-    _result(rate=n / elapsed, first=first, cpu_ms=cpu * 1000 / n, idle=idle)
+    result(rate=n / elapsed, first=first, cpu_ms=cpu * 1000 / n, idle=idle)
 
 
 def _paths(folder: Path, kind: str, n: int) -> Any:
@@ -401,7 +397,7 @@ def _child_ceiling(spec: dict[str, Any]) -> None:
     elapsed = max(g[1] for g in got) - min(g[0] for g in got)
     ids = [i for g in got for i in g[3]]
     _check(kind, ids, n)
-    _result(rate=n / elapsed, first=0.0, cpu_ms=sum(g[2] for g in got) * 1000 / n, idle=None)
+    result(rate=n / elapsed, first=0.0, cpu_ms=sum(g[2] for g in got) * 1000 / n, idle=None)
 
 
 def _child_torch_local(spec: dict[str, Any]) -> None:
@@ -505,8 +501,8 @@ def _child_spdl(spec: dict[str, Any]) -> None:  # pragma: no cover - needs spdl
         )
 
         async def get(i: int) -> bytes:
-            result = await obstore.get_async(store, f"{CORPUS_ID[kind]}/{spec['latency']}/{i}")
-            return bytes(await result.bytes_async())
+            answer = await obstore.get_async(store, f"{CORPUS_ID[kind]}/{spec['latency']}/{i}")
+            return bytes(await answer.bytes_async())
 
     pipeline = (
         PipelineBuilder()
@@ -579,22 +575,8 @@ class FileServerProcess(_server.ObjectServerProcess):
 
 
 def _spawn(spec: dict[str, Any]) -> dict[str, float]:
-    # A script file, not ``-c``: the forkserver re-imports __main__ from it.
-    out = subprocess.run(
-        [sys.executable, __file__, "--child", json.dumps(spec)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=dict(os.environ),
-        check=False,
-    )
-    if out.returncode != 0:
-        raise SystemExit(
-            f"{spec['row']} ({spec['kind']}, {spec['transport']}) failed:\n{out.stderr}"
-        )
-    line = next(ln for ln in out.stdout.splitlines() if ln.startswith("RESULT "))
-    result: dict[str, float] = json.loads(line.removeprefix("RESULT "))
-    return result
+    what = f"{spec['row']} ({spec['kind']}, {spec['transport']})"
+    return spawn(__file__, json.dumps(spec), what=what, timeout=600)
 
 
 def _plan(args: argparse.Namespace) -> list[tuple[str, str, str, str]]:

@@ -40,9 +40,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import os
-import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -51,6 +48,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _children import result, spawn
 from _peers import BUCKET, CREDS, installed, litdata_dataset
 from _server import ObjectServerProcess, object_bytes
 
@@ -65,10 +63,6 @@ FIXED = 128  # the loader-fixed row's max_concurrency (the default before the au
 def _urls(transport: str, base: str, n: int) -> list[str]:
     root = f"s3://{BUCKET}" if transport == "s3" else f"{base}/{BUCKET}"
     return [f"{root}/{SIZE}/{LATENCY_MS}/{i}" for i in range(n)]
-
-
-def _result(**fields: float) -> None:
-    print("RESULT " + json.dumps(fields), flush=True)
 
 
 def _child_loader(transport: str, base: str, n: int, max_concurrency: int | None = None) -> None:
@@ -117,7 +111,7 @@ def _timed_epoch(loader: Any, n: int, *, ordered: bool = True) -> None:
     elapsed = time.perf_counter() - t0
     if seen != n:
         raise AssertionError(f"{seen} samples of {n}")
-    _result(rate=n / elapsed, first=first, steady=(n - after_first) / (elapsed - first))
+    result(rate=n / elapsed, first=first, steady=(n - after_first) / (elapsed - first))
 
 
 class _Epoch:
@@ -160,8 +154,8 @@ def _child_spdl(transport: str, base: str, n: int) -> None:
         store = _s3_store(base)
 
         async def get(i: int) -> tuple[int, memoryview]:
-            result = await obstore.get_async(store, f"{SIZE}/{LATENCY_MS}/{i}")
-            return i, memoryview(await result.bytes_async())
+            answer = await obstore.get_async(store, f"{SIZE}/{LATENCY_MS}/{i}")
+            return i, memoryview(await answer.bytes_async())
 
     pipeline = (
         PipelineBuilder()
@@ -230,7 +224,7 @@ async def _drive(get: Callable[[int], Awaitable[int]], n: int, t0: float) -> Non
 
     await asyncio.gather(*(fetcher() for _ in range(IN_FLIGHT)))
     elapsed = time.perf_counter() - t0
-    _result(rate=n / elapsed, first=first[0], steady=(n - 1) / (elapsed - first[0]))
+    result(rate=n / elapsed, first=first[0], steady=(n - 1) / (elapsed - first[0]))
 
 
 async def _raw_aiohttp(base: str, n: int) -> None:
@@ -268,8 +262,8 @@ async def _raw_obstore(base: str, n: int) -> None:
     store = _s3_store(base)
 
     async def get(i: int) -> int:
-        result = await obstore.get_async(store, f"{SIZE}/{LATENCY_MS}/{i}")
-        return len(await result.bytes_async())
+        answer = await obstore.get_async(store, f"{SIZE}/{LATENCY_MS}/{i}")
+        return len(await answer.bytes_async())
 
     await _drive(get, n, t0)
 
@@ -302,20 +296,7 @@ SLOW_PEER_SAMPLES = {"s3torchconnector": 512}  # one request at a time per worke
 
 
 def _spawn(row: str, transport: str, base: str, n: int) -> dict[str, float]:
-    # A script file, not ``-c``: the forkserver re-imports __main__ from it.
-    out = subprocess.run(
-        [sys.executable, __file__, "--child", row, transport, base, str(n)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=dict(os.environ),
-        check=False,
-    )
-    if out.returncode != 0:
-        raise SystemExit(f"{row} over {transport} failed:\n{out.stderr}")
-    line = next(ln for ln in out.stdout.splitlines() if ln.startswith("RESULT "))
-    result: dict[str, float] = json.loads(line.removeprefix("RESULT "))
-    return result
+    return spawn(__file__, row, transport, base, str(n), what=f"{row} over {transport}")
 
 
 def _median_run(runs: list[dict[str, float]]) -> dict[str, float]:
