@@ -6,19 +6,24 @@ layer adds what. Each row reads the same objects (100 KB at 50 ms from the loopb
 server, ``_server.py``, its own process) with 128 requests in flight, in a fresh interpreter, and
 prints the CPU of that process per request (``time.process_time``: its threads, obstore's too):
 
-* ``aiohttp``: a plain ``aiohttp.ClientSession`` (the raw loop of ``bench_wholerun``);
+* ``aiohttp``: an ``aiohttp.ClientSession`` with aiohttp's own connector and the backend's
+  settings (no total timeout, no decompression), as ``bench_wholerun``'s raw loop but at 128
+  in flight;
 * ``asyncload's session``: the session the HTTP backend builds (its paced connector);
-* ``HttpBackend.read``: the backend's read (redirects, status and length checks, the signs of
-  life a hedge reads), no retry or hedge;
+* ``HttpBackend.read``: the backend's read (each request's headers, connect and read timeouts,
+  URL encoding, redirects, status and length checks), no retry or hedge;
 * ``asyncload.read, no hedging``: the public read with ``hedge=None`` (options, cache lookup,
   retries, stats);
-* ``asyncload.read``: the same with hedged reads (the default);
+* ``asyncload.read``: the same with hedged reads (the default: a timer per request, and the
+  signs of life that the backend reports to it);
 * ``DataLoader, num_workers=0``: a whole loader (``RemoteFiles``, batch 32, ``max_concurrency``
   128) whose engine runs in this process (sampler, slots, batches), its start included: at
-  8,192 objects that start is about a third of what this row adds over ``asyncload.read``
-  (4 runs of 2,048 and 16,384 objects: 563-677 and 531-557 µs per request);
-* over S3, when obstore is installed: ``obstore.get_range_async`` as the backend calls it, and
-  ``asyncload.read`` of ``s3://`` URLs.
+  8,192 objects that start is over half of what this row adds over ``asyncload.read`` (runs
+  of 2,048 and 16,384 objects: 563-677 and 531-557 µs per request, against 473 for
+  ``asyncload.read``);
+* over S3, when obstore is installed: ``obstore.get_range_async`` as the backend calls it
+  (the whole object as one range, copied to ``bytes``), and ``asyncload.read`` of ``s3://``
+  URLs.
 
 Rows run in rounds, each row once per round (the machine's load drifts), and the median is
 shown with the range. On a machine whose cores are shared, one row's CPU per request moves by
@@ -84,7 +89,11 @@ async def _row(row: str, base: str, urls: list[str]) -> None:
 
     if row in ("aiohttp", "session"):
         if row == "aiohttp":
-            session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=IN_FLIGHT))
+            session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=IN_FLIGHT),
+                auto_decompress=False,
+                timeout=aiohttp.ClientTimeout(total=None),
+            )
         else:
             from asyncload._storage.backends.http import _new_client_session
 
@@ -113,8 +122,8 @@ async def _row(row: str, base: str, urls: list[str]) -> None:
         )
         prefix = len(f"s3://{BUCKET}/")
 
-        async def get_s3(url: str) -> Any:
-            return await obstore.get_range_async(store, url[prefix:], start=0, end=2**62)
+        async def get_s3(url: str) -> bytes:
+            return bytes(await obstore.get_range_async(store, url[prefix:], start=0, end=2**62))
 
         await _drive(get_s3, urls)
         return
@@ -156,12 +165,15 @@ def _loader_row(urls: list[str]) -> None:
 
 
 def _child(row: str, base: str, n: int) -> None:
-    # Every row imports the same modules before its clock starts (asyncload brings torch).
+    # The modules a row needs are imported before its clock starts (asyncload brings torch);
+    # what a loader imports when it starts is part of its start.
     import aiohttp  # noqa: F401
 
     import asyncload  # noqa: F401
 
     transport, _ = ROWS[row]
+    if transport == "s3":
+        import obstore  # noqa: F401
     urls = _urls(transport, base, n)
     c0, t0 = time.process_time(), time.perf_counter()
     if row == "loader":
