@@ -51,9 +51,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _children import result, spawn
 from _peers import BUCKET, CREDS, installed
 from _server import ObjectServerProcess
+from bench_wholerun import LATENCY_MS, SIZE, _s3_store, _urls  # the same objects and store
 
-SIZE = 100_000
-LATENCY_MS = 50
 IN_FLIGHT = 128
 
 ROWS = {
@@ -66,11 +65,6 @@ ROWS = {
     "obstore": ("s3", "obstore.get_range_async"),
     "read-s3": ("s3", "asyncload.read"),
 }
-
-
-def _urls(transport: str, base: str, n: int) -> list[str]:
-    root = f"s3://{BUCKET}" if transport == "s3" else f"{base}/{BUCKET}"
-    return [f"{root}/{SIZE}/{LATENCY_MS}/{i}" for i in range(n)]
 
 
 async def _drive(get: Callable[[str], Awaitable[Any]], urls: list[str]) -> None:
@@ -111,15 +105,8 @@ async def _row(row: str, base: str, urls: list[str]) -> None:
         return
     if row == "obstore":
         import obstore
-        from obstore.store import S3Store
 
-        store = S3Store(
-            BUCKET,
-            endpoint=base,
-            region="us-east-1",
-            client_options={"allow_http": True},
-            **CREDS,
-        )
+        store = _s3_store(base)
         prefix = len(f"s3://{BUCKET}/")
 
         async def get_s3(url: str) -> bytes:
