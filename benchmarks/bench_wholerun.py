@@ -111,7 +111,16 @@ def _timed_epoch(loader: Any, n: int, *, ordered: bool = True) -> None:
     elapsed = time.perf_counter() - t0
     if seen != n:
         raise AssertionError(f"{seen} samples of {n}")
-    result(rate=n / elapsed, first=first, steady=(n - after_first) / (elapsed - first))
+    # An asyncload loader also says what its workers' CPU cost per sample (#32 counts it) and
+    # where their in-flight limits ended.
+    stats = loader.stats() if hasattr(loader, "stats") else None
+    result(
+        rate=n / elapsed,
+        first=first,
+        steady=(n - after_first) / (elapsed - first),
+        cpu_us=None if stats is None else stats.worker_cpu_s / n * 1e6,
+        limit=None if stats is None else sum(stats.concurrency),
+    )
 
 
 class _Epoch:

@@ -97,8 +97,14 @@ a simulated loop that reads in turns (1.5 ms a turn, 0.5 ms an answer) reached 0
 fixed value against 0.93; but ``bench_autotune`` (b) fell to 0.50 of its best fixed value in the
 run made. Its decode runs inline on the same loop (a core per worker): the wider band only
 fetched ahead of the decode (every object requested within its 5 s, half of them delivered), and
-a loop busy decoding gains nothing from more answers waiting. It would need to tell a loop busy
-reading answers from one busy with the samples' own work. Not covered: a store at 500 ms that
+a loop busy decoding gains nothing from more answers waiting. Then told apart (the steps of the
+engine's sample tasks timed, less those of their reads: the samples' own work took 0.2-0.4 of a
+busy loop's time where they only read, 0.85-0.9 where they decoded a JPEG inline) and the band
+widened for a loop busy reading only: in passes of 16,384 objects (4 interleaved rounds,
+2026-11-28) the two HTTP workers' limits ended at 333-439 together against 195-262, their CPU per
+sample rose (median 638 µs against 602), and the pass ran at 0.94 of the default's rate (medians
+2,162 and 2,310/s); S3 as fast (2,392 and 2,403/s). Past ~128 per worker more answers per turn
+no longer cost each one less. Not covered: a store at 500 ms that
 throttles synchronized bursts (0.56 of the rate; pacing the sends would help).
 
 Where it runs: ``_engine/slots.py`` sizes a worker's fetch slots with it (one controller per
