@@ -371,15 +371,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         "| transport | row | whole run samples/s | first batch s | steady samples/s "
-        "| whole / raw loop's |"
+        "| whole / raw loop's | workers' CPU µs/sample | in-flight limits at the end |"
     )
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     for (transport, row), res in results.items():
         raw = results[transport, "raw"]["rate"]
         label = LABELS[row] + ("" if sizes[transport, row] == n else f" ({sizes[transport, row]})")
+        # asyncload's loaders only (loader.stats()); the median run's, as the other figures.
+        cpu = "" if res.get("cpu_us") is None else f"{res['cpu_us']:,.0f}"
+        limit = "" if res.get("limit") is None else f"{res['limit']:,}"
         print(
             f"| {transport} | {label} | {res['rate']:,.0f} | {res['first']:.3f} "
-            f"| {res['steady']:,.0f} | {res['rate'] / raw:.2f} |"
+            f"| {res['steady']:,.0f} | {res['rate'] / raw:.2f} | {cpu} | {limit} |"
         )
     print()
     for transport in dict.fromkeys(t for t, row in plan if row == "loader"):

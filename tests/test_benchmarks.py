@@ -106,6 +106,7 @@ def test_bench_wholerun_quick_prints_its_table() -> None:
     text = _run_quick("bench_wholerun.py", "--samples", "64", timeout=100)
     assert text.count("asyncload.DataLoader (built 2 s before iter())") == 2  # http and s3
     assert text.count("raw loop, 256 in flight") == 2
+    assert "workers' CPU µs/sample" in text
     assert "torch DataLoader + 32 threads" in text
     assert "target: http loader / raw loop >= 0.85" in text
     assert "target: s3 loader / raw loop >= 0.85" in text

@@ -104,7 +104,16 @@ widened for a loop busy reading only: in passes of 16,384 objects (4 interleaved
 2026-11-28) the two HTTP workers' limits ended at 333-439 together against 195-262, their CPU per
 sample rose (median 638 µs against 602), and the pass ran at 0.94 of the default's rate (medians
 2,162 and 2,310/s); S3 as fast (2,392 and 2,403/s). Past ~128 per worker more answers per turn
-no longer cost each one less. Not covered: a store at 500 ms that
+no longer cost each one less. Resuming slow start, once a pass, when one of the 3 epochs
+after it ended came back under ``low`` (HyStart++'s conservative slow start; the pass's own
+start slows its first round trips at 64 in flight, and growth at 10% per epoch then takes a
+second to reach 128): after either exit, passes of 4,096 objects ran 1.15x (HTTP) and 1.20x
+(S3) faster and ``bench_autotune`` (a) reached 1.08 of its best fixed value against 0.88, but
+(d)'s whole-run p99 went from 2.00x to 2.49x its unloaded latency (the delay rule takes the
+doubling back, the next epochs are fast whatever the rise was, and the doubling went into the
+queue again; medians of 4-5 interleaved runs, 2026-11-28); after the Vegas hold only, or with
+25% growth for those 3 epochs instead of resuming, no change beyond the noise (0.95-1.04 of
+the passes' rate). Not covered: a store at 500 ms that
 throttles synchronized bursts (0.56 of the rate; pacing the sends would help).
 
 Where it runs: ``_engine/slots.py`` sizes a worker's fetch slots with it (one controller per
