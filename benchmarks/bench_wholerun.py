@@ -304,11 +304,11 @@ PEERS = [
 SLOW_PEER_SAMPLES = {"s3torchconnector": 512}  # one request at a time per worker: ~40/s
 
 
-def _spawn(row: str, transport: str, base: str, n: int) -> dict[str, float]:
+def _spawn(row: str, transport: str, base: str, n: int) -> dict[str, Any]:
     return spawn(__file__, row, transport, base, str(n), what=f"{row} over {transport}")
 
 
-def _median_run(runs: list[dict[str, float]]) -> dict[str, float]:
+def _median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """The run with the median whole-run rate (its first batch and steady rate with it)."""
     return sorted(runs, key=lambda r: r["rate"])[len(runs) // 2]
 
@@ -349,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
         wanted = {*args.rows.split(","), "raw"}
         plan = [(t, row) for t, row in plan if row in wanted]
     rounds = args.repeat or (1 if args.quick else 3)
-    runs: dict[tuple[str, str], list[dict[str, float]]] = {key: [] for key in plan}
+    runs: dict[tuple[str, str], list[dict[str, Any]]] = {key: [] for key in plan}
     sizes = {(t, row): min(n, SLOW_PEER_SAMPLES.get(row, n)) for t, row in plan}
     with ObjectServerProcess() as server:
         # A server's first requests are slower (its own first-time code paths): met by a
@@ -371,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         "| transport | row | whole run samples/s | first batch s | steady samples/s "
-        "| whole / raw loop's | workers' CPU µs/sample | in-flight limits at the end |"
+        "| whole / raw loop's | workers' CPU µs/sample | in-flight limits at the end, summed |"
     )
     print("|---|---|---|---|---|---|---|---|")
     for (transport, row), res in results.items():

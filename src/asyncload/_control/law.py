@@ -76,44 +76,44 @@ What it reaches on simulated stores (a constant latency with a CPU-bound client,
 buckets, servers behind a line, a throttled burst, workers sharing, a change of rate, a pass
 that starts past the knee) is listed with those stores, in the tests of this module.
 
-Tried and dropped, on the same stores: a cut to 0.7 with 1 s of recovery (one worker 0.93-0.99
-of the rate, and 5-6 s to converge after a change, against 3 s); one cut per round trip instead
-of per overload (2,000->500 took 4.0-5.7 s); cutting from the delivered rate times latency, as
-BBR estimates (0.76 of the rate at 200 ms, 0.91 after 500->3,000); Vegas with the plain least
-latency as the base (collapsed to 1 in flight on a log-normal store, sigma 0.5: 0.004 of the
-best; 0.13 behind a line of 4 exponential servers). Pure AIMD (+1 per round trip) was not
-simulated: at 50 ms it needs ~2 s per 40 requests in flight, where growth after a change of 2x
-must take under 3 s. An additive +1 or +2 per epoch on top of the cubic curve, for fairness
-between workers that share nothing, evened out two simulated workers from 70/30 within 2-4 s but
-did not help two loaders on the loopback store (``bench_autotune`` (c): 0.80-0.93 of the rate
-against 0.81-0.98, more throttles). A cut to 0.8 in slow start too (the rule before the halving
-above) left workers that had doubled together 1.6 times over what passed. A band 1.5 times wider
-while the worker's loop (not only its lane) was busy: the requests waiting are answers that loop
-has yet to read, and one turn reads all that arrived, so more in flight cost each less of it.
-Passes of 16,384 objects of 100 KB at 50 ms (two workers on the loopback store's 2 cores, where
-the band as it is held the limit at 90-120 and reached 0.90-0.94 of a fixed 128) ran 1.16x
-faster over S3 (median of 6 interleaved pairs, 0.98-1.30) and as fast over HTTP (0.88-1.14), and
-a simulated loop that reads in turns (1.5 ms a turn, 0.5 ms an answer) reached 0.98 of the best
-fixed value against 0.93; but ``bench_autotune`` (b) fell to 0.50 of its best fixed value in the
-run made. Its decode runs inline on the same loop (a core per worker): the wider band only
-fetched ahead of the decode (every object requested within its 5 s, half of them delivered), and
-a loop busy decoding gains nothing from more answers waiting. Then told apart (the steps of the
-engine's sample tasks timed, less those of their reads: the samples' own work took 0.2-0.4 of a
-busy loop's time where they only read, 0.85-0.9 where they decoded a JPEG inline) and the band
-widened for a loop busy reading only: in passes of 16,384 objects (4 interleaved rounds,
-2026-11-28) the two HTTP workers' limits ended at 333-439 together against 195-262, their CPU per
-sample rose (median 638 µs against 602), and the pass ran at 0.94 of the default's rate (medians
-2,162 and 2,310/s); S3 as fast (2,392 and 2,403/s). Past ~128 per worker more answers per turn
-no longer cost each one less. Resuming slow start, once a pass, when one of the 3 epochs
-after it ended came back under ``low`` (HyStart++'s conservative slow start; the pass's own
-start slows its first round trips at 64 in flight, and growth at 10% per epoch then takes a
-second to reach 128): after either exit, passes of 4,096 objects ran 1.15x (HTTP) and 1.20x
-(S3) faster and ``bench_autotune`` (a) reached 1.08 of its best fixed value against 0.88, but
-(d)'s whole-run p99 went from 2.00x to 2.49x its unloaded latency (the delay rule takes the
-doubling back, the next epochs are fast whatever the rise was, and the doubling went into the
-queue again; medians of 4-5 interleaved runs, 2026-11-28); after the Vegas hold only, or with
-25% growth for those 3 epochs instead of resuming, no change beyond the noise (0.95-1.04 of
-the passes' rate). Not covered: a store at 500 ms that
+Tried and dropped, on the same stores: a cut to 0.7 with 1 s of recovery (one worker 0.93-0.99 of
+the rate, and 5-6 s to converge after a change, against 3 s); one cut per round trip instead of per
+overload (2,000->500 took 4.0-5.7 s); cutting from the delivered rate times latency, as BBR
+estimates (0.76 of the rate at 200 ms, 0.91 after 500->3,000); Vegas with the plain least latency
+as the base (collapsed to 1 in flight on a log-normal store, sigma 0.5: 0.004 of the best; 0.13
+behind a line of 4 exponential servers). Pure AIMD (+1 per round trip) was not simulated: at 50 ms
+it needs ~2 s per 40 requests in flight, where growth after a change of 2x must take under 3 s. An
+additive +1 or +2 per epoch on top of the cubic curve, for fairness between workers that share
+nothing, evened out two simulated workers from 70/30 within 2-4 s but did not help two loaders on
+the loopback store (``bench_autotune`` (c): 0.80-0.93 of the rate against 0.81-0.98, more
+throttles). A cut to 0.8 in slow start too (the rule before the halving above) left workers that
+had doubled together 1.6 times over what passed. A band 1.5 times wider while the worker's loop
+(not only its lane) was busy: the requests waiting are answers that loop has yet to read, and one
+turn reads all that arrived, so more in flight cost each less of it. Passes of 16,384 objects of
+100 KB at 50 ms (two workers on the loopback store's 2 cores, where the band as it is held the
+limit at 90-120 and reached 0.90-0.94 of a fixed 128) ran 1.16x faster over S3 (median of 6
+interleaved pairs, 0.98-1.30) and as fast over HTTP (0.88-1.14), and a simulated loop that reads in
+turns (1.5 ms a turn, 0.5 ms an answer) reached 0.98 of the best fixed value against 0.93; but
+``bench_autotune`` (b) fell to 0.50 of its best fixed value in the run made. Its decode runs inline
+on the same loop (a core per worker): the wider band only fetched ahead of the decode (every object
+requested within its 5 s, half of them delivered), and a loop busy decoding gains nothing from more
+answers waiting. The two were then told apart (the steps of the engine's sample tasks timed, less
+those of their reads: the samples' own work took 0.2-0.4 of a busy loop's time where they only
+read, 0.85-0.9 where they decoded a JPEG inline), and the band widened only for a loop busy
+reading. In passes of 16,384 objects (4 interleaved rounds, 2026-11-28) the two HTTP workers'
+limits ended at 333-439 together against 195-262, their CPU per sample was no lower (medians 638
+and 602 µs), and the passes ran at 0.94 of the default's rate (medians 2,162 and 2,310/s); over S3
+as fast (2,392 and 2,403/s). At 200 per worker and more, more answers per turn did not cost each
+one less. Slow start was also made to resume, once a pass, when one of the 3 epochs after it ended
+came back under ``low`` (HyStart++'s conservative slow start: the pass's own start slows its first
+round trips at 64 in flight, and 10% per epoch then takes a second to reach 128). Resumed after
+either end (the delay rule's or the Vegas hold's), passes of 4,096 objects ran 1.15x (HTTP) and
+1.20x (S3) faster and ``bench_autotune`` (a) reached 1.08 of its best fixed value against 0.88, but
+(d)'s whole-run p99 over its fixed 32 row's went from 2.00x to 2.49x: once the delay rule takes a
+doubling back, the next epochs are fast whatever the rise was, and slow start doubled into the
+queue again (medians of 4-5 interleaved runs, 2026-11-28). Resumed after the Vegas hold only, or
+with 25% growth for those 3 epochs instead of resuming, the passes' rate moved within the noise
+(0.95-1.04 of the base's), as did (a) and (d) for the first. Not covered: a store at 500 ms that
 throttles synchronized bursts (0.56 of the rate; pacing the sends would help).
 
 Where it runs: ``_engine/slots.py`` sizes a worker's fetch slots with it (one controller per
