@@ -113,7 +113,7 @@ either end (the delay rule's or the Vegas hold's), passes of 4,096 objects ran 1
 doubling back, the next epochs are fast whatever the rise was, and slow start doubled into the
 queue again (medians of 4-5 interleaved runs, 2026-11-28). Resumed after the Vegas hold only, or
 with 25% growth for those 3 epochs instead of resuming, the passes' rate moved within the noise
-(0.95-1.04 of the base's), as did (a) and (d) for the first. Not covered: a store at 500 ms that
+(0.85-1.04 of the base's), as did (a) and (d) for the first. Not covered: a store at 500 ms that
 throttles synchronized bursts (0.56 of the rate; pacing the sends would help).
 
 Where it runs: ``_engine/slots.py`` sizes a worker's fetch slots with it (one controller per
