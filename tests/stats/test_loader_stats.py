@@ -254,28 +254,14 @@ def test_stats_say_which_stage_bounds_the_pass(monkeypatch: pytest.MonkeyPatch) 
     assert storage.worker_cpu_s < 0.5 * storage.elapsed_s
 
 
-class _SlowFirst(asyncload.Dataset[int]):
-    """Its first sample spends *cpu* seconds of the worker's CPU; the others none."""
-
-    def __init__(self, n: int, cpu: float) -> None:
-        self.n, self.cpu = n, cpu
-
-    def __len__(self) -> int:
-        return self.n
-
-    async def __getitem__(self, index: int) -> int:
-        if index == 0:
-            spin(self.cpu)
-        return index
-
-
 @pytest.mark.timeout(60)
 def test_a_fresh_worker_s_cpu_counts_its_first_batch(monkeypatch: pytest.MonkeyPatch) -> None:
     # The first pass of fresh workers: its CPU counts from the engine's start, not from the
     # first stats sent with the first batch, which left that batch's work out.
     monkeypatch.setenv("ASYNCLOAD_SLOW_CALLBACK", "0")  # the spin holds the loop on purpose
-    loader = asyncload.DataLoader(_SlowFirst(16, cpu=0.3), batch_size=4, num_workers=1)
-    assert [int(x) for batch in loader for x in batch] == list(range(16))
+    # One batch of 4 samples that spin 0.075 s each: all of the pass's CPU is in it.
+    loader = asyncload.DataLoader(_Spinning(4, cpu=0.075), batch_size=4, num_workers=1)
+    assert [int(x) for batch in loader for x in batch] == list(range(4))
     assert loader.stats().worker_cpu_s >= 0.3 * 0.9
 
 

@@ -117,10 +117,10 @@ class EngineCore:
         self._starter: asyncio.Task[None] | None = None
         self._cancelling = False  # True while the engine itself cancels its tasks
         self._last_stats = 0.0
-        # The CPU clocks when this pass began (_stats, loader.stats()'s stage figures).
+        # The CPU clocks when this pass began (_stats, loader.stats()'s stage figures): set
+        # when the engine starts running (Engine.run) and at each StartPass.
         self._own_process = os.getpid() != cfg.main_pid
         self._cpu_base = self._lane_base = 0.0
-        self._cpu_base_set = False
         self._skip = cfg.skip
         self._plan = cfg.plan
         # Items come with tags saying which sample they are, for elastic checkpoints.
@@ -163,11 +163,8 @@ class EngineCore:
 
     def _restart_cpu_clocks(self) -> None:
         self._cpu_base, self._lane_base = self._cpu_clocks()
-        self._cpu_base_set = True
 
     def _note_cpu(self) -> None:
-        if not self._cpu_base_set:
-            self._restart_cpu_clocks()
         cpu_s, lane_s = self._cpu_clocks()
         self.recorder.cpu_s = cpu_s - self._cpu_base
         self.recorder.lane_s = lane_s - self._lane_base
