@@ -1,7 +1,7 @@
 """Smoke tests: ``benchmarks/bench_loader.py``, ``bench_tails.py``, ``bench_cache.py``,
 ``bench_wholerun.py``, ``bench_pipeline.py``, ``bench_autotune.py``, ``bench_converge.py``,
-``bench_lane.py`` and ``bench_layers.py`` with ``--quick`` run and print their tables;
-``bench_gpu.py`` says it needs CUDA and exits, and its CPU ceiling runs.
+``bench_lane.py``, ``bench_layers.py`` and ``bench_ab.py`` with ``--quick`` run and print their
+tables; ``bench_gpu.py`` says it needs CUDA and exits, and its CPU ceiling runs.
 
 Only that it runs: speed depends on whatever else the machine is doing, so no numbers are
 checked here.
@@ -117,6 +117,33 @@ def test_bench_wholerun_quick_prints_its_table() -> None:
         ("s3torchconnector", "s3torchconnector S3MapDataset"),
     ]:
         assert f"{peer} rows skipped: not installed" in text or label in text, text
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_bench_ab_quick_pairs_two_versions(tmp_path: Path) -> None:
+    # The smoke run pairs the checkout's src with itself; a second version's options apply to
+    # its runs only (its limit at the end is the fixed 16 of each of its 2 workers).
+    out_json = tmp_path / "ab.json"
+    text = _run_quick(
+        "bench_ab.py",
+        "--tree",
+        "auto=src",
+        "--tree",
+        "fixed=src",
+        "--options",
+        'fixed={"max_concurrency": 16}',
+        "--json",
+        str(out_json),
+        timeout=100,
+    )
+    assert "| http | auto |" in text, text
+    assert "| http | fixed | " in text, text
+    assert "1 of 1" in text or "0 of 1" in text, text
+    runs = json.loads(out_json.read_text())
+    assert [r["limit"] for r in runs["http fixed"]] == [32], runs
+    for name in ("auto", "fixed"):  # each version's runs imported that version's package
+        assert f"{name}: {ROOT / 'src' / 'asyncload' / '__init__.py'}" in text, text
 
 
 @pytest.mark.slow
