@@ -65,7 +65,8 @@ def _urls(transport: str, base: str, n: int) -> list[str]:
     return [f"{root}/{SIZE}/{LATENCY_MS}/{i}" for i in range(n)]
 
 
-def _child_loader(transport: str, base: str, n: int, max_concurrency: int | None = None) -> None:
+def _child_loader(transport: str, base: str, n: int, **options: Any) -> None:
+    """The loader row, with *options* for ``DataLoader`` (``bench_ab.py`` passes its own)."""
     import asyncload
 
     if transport == "s3":
@@ -75,9 +76,10 @@ def _child_loader(transport: str, base: str, n: int, max_concurrency: int | None
         batch_size=BATCH,
         num_workers=2,
         collate_fn=list,
-        max_concurrency=max_concurrency,
+        **options,
     )
-    _timed_epoch(loader, n)
+    # Which package ran: bench_ab.py checks it against the version it meant to run.
+    _timed_epoch(loader, n, version=asyncload.__file__)
 
 
 def _child_loader_fixed(transport: str, base: str, n: int) -> None:
@@ -94,10 +96,11 @@ def _child_torch_threads(transport: str, base: str, n: int) -> None:
     _timed_epoch(loader, n)
 
 
-def _timed_epoch(loader: Any, n: int, *, ordered: bool = True) -> None:
+def _timed_epoch(loader: Any, n: int, *, ordered: bool = True, **extra: Any) -> None:
     """One epoch of a loader built BUILD_S before ``iter()``: prints whole-run and first batch.
 
-    *ordered*: the first batch starts with object 0 (checked), as a DataLoader's does."""
+    *ordered*: the first batch starts with object 0 (checked), as a DataLoader's does. *extra*:
+    more fields for the result."""
     time.sleep(BUILD_S)  # the user builds the model
     t0 = time.perf_counter()
     first, seen, after_first = 0.0, 0, 0
@@ -120,6 +123,7 @@ def _timed_epoch(loader: Any, n: int, *, ordered: bool = True) -> None:
         steady=(n - after_first) / (elapsed - first),
         cpu_us=None if stats is None else stats.worker_cpu_s / n * 1e6,
         limit=None if stats is None else sum(stats.concurrency),
+        **extra,
     )
 
 

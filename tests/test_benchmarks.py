@@ -10,6 +10,7 @@ checked here.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -122,28 +123,37 @@ def test_bench_wholerun_quick_prints_its_table() -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_bench_ab_quick_pairs_two_versions(tmp_path: Path) -> None:
-    # The smoke run pairs the checkout's src with itself; a second version's options apply to
-    # its runs only (its limit at the end is the fixed 16 of each of its 2 workers).
+    # Two versions: the checkout's src and a copy of it elsewhere (a run that imported the
+    # other one would count as failed), each with its own fixed limit (the figures say whose
+    # options each run had: 2 workers at 24, and at 16).
+    copy = tmp_path / "copy" / "src"
+    shutil.copytree(ROOT / "src", copy, ignore=shutil.ignore_patterns("__pycache__"))
     out_json = tmp_path / "ab.json"
     text = _run_quick(
         "bench_ab.py",
         "--tree",
-        "auto=src",
+        "here=src",
         "--tree",
-        "fixed=src",
+        f"copy={copy}",
         "--options",
-        'fixed={"max_concurrency": 16}',
+        'here={"max_concurrency": 24}',
+        "--options",
+        'copy={"max_concurrency": 16}',
         "--json",
         str(out_json),
         timeout=100,
     )
-    assert "| http | auto |" in text, text
-    assert "| http | fixed | " in text, text
-    assert "1 of 1" in text or "0 of 1" in text, text
-    runs = json.loads(out_json.read_text())
-    assert [r["limit"] for r in runs["http fixed"]] == [32], runs
-    for name in ("auto", "fixed"):  # each version's runs imported that version's package
-        assert f"{name}: {ROOT / 'src' / 'asyncload' / '__init__.py'}" in text, text
+    assert "failed" not in text, text
+    assert "| http | here | 1 of 1 |" in text, text
+    assert "| http | copy | 1 of 1 |" in text, text
+    row = next(line for line in text.splitlines() if line.startswith("| http | copy |"))
+    assert row.split("|")[8].strip() in ("0 of 1", "1 of 1"), row  # its one pair, won or not
+    got = json.loads(out_json.read_text())
+    runs = got["runs"]["http"]
+    assert [r["limit"] for r in runs["here"]] == [48], runs
+    assert [r["limit"] for r in runs["copy"]] == [32], runs
+    assert Path(runs["copy"][0]["version"]).is_relative_to(copy), runs
+    assert got["meta"]["versions"]["copy"] == str(copy), got["meta"]
 
 
 @pytest.mark.slow

@@ -113,16 +113,18 @@ either end (the delay rule's or the Vegas hold's), passes of 4,096 objects ran 1
 doubling back, the next epochs are fast whatever the rise was, and slow start doubled into the
 queue again (medians of 4-5 interleaved runs, 2026-11-28). Resumed after the Vegas hold only, or
 with 25% growth for those 3 epochs instead of resuming, the passes' rate moved within the noise
-(0.85-1.04 of the base's), as did (a) and (d) for the first. Growing under 1.25 instead of ``low``'s
-1.1: in passes of 4,096 objects over S3 the workers held at 60-90 each, their latency 1.15-1.3x the
-probe's (the machine's two cores shared, not a queue at the store), where a fixed 128 ran 1.2x
-faster. For every worker (in two of the sets with the shrink target and CUBIC's recovery moved with
-it) it ran faster over S3 in 21 of 30 interleaved pairs (medians of four sets 0.94-1.16x) and over
-HTTP in 15 of 30, but raised (d)'s whole-run p99 (medians 2.21x against 1.92x of the fixed 32 row's,
-4 runs each; simulated, 1.38x against 1.32x) and (c) gave 0.80-0.85 of the store's rate in 4 runs,
-against 0.89 in the base's 2 quiet ones; only for a worker whose CPU bounds it, 12 of 18 pairs
-faster over HTTP and 9 of 18 over S3 (2026-11-28). Not covered: a store at 500 ms that throttles
-synchronized bursts (0.56 of the rate; pacing the sends would help).
+(0.85-1.04 of the base's), as did (a) and (d) for the first. With ``low`` at 1.1, passes of 4,096
+objects over S3 held their workers at 50-90 each, their latency 1.0-1.3x the probe's (the machine's
+two cores shared, not a queue at the store), where a fixed 128 ran 1.2x faster. Growing under 1.25
+instead, for every worker, ran faster over S3 in 21 of 30 interleaved pairs (set medians 0.94-1.16x;
+in two of the four sets the shrink target and CUBIC's recovery moved with ``low``, in two only the
+growth test did) and over HTTP in 15 of 30, no better than chance; in the runs made with ``low`` at
+1.25, (d)'s whole-run p99 was higher (medians 2.21x against 1.92x of the fixed 32 row's, 4 runs
+each; 1.38x against 1.32x simulated) and (c) reached 0.80-0.85 of the store's rate in 4 runs,
+against 0.89 in 2 of the base's 4 (0.48 and 0.70 in the other 2, during a slow spell). Growing under
+1.25 only while the worker's CPU bounds it won 12 of 18 pairs over HTTP and 9 of 18 over S3
+(2026-11-28). Not covered: a store at 500 ms that throttles synchronized bursts (0.56 of the rate;
+pacing the sends would help).
 
 Where it runs: ``_engine/slots.py`` sizes a worker's fetch slots with it (one controller per
 worker, each sample one request; a storage attempt's throttle reaches it through

@@ -116,9 +116,9 @@ class CpuLoad:
     EVERY = 0.1
     """Seconds between two measures: enough wall time that one long call does not decide."""
     LANE_BUSY = 0.4
-    """The share of the wall time the lane's threads, each, used on a CPU that reads as bound
-    (their CPU time: a lane's call cannot be told waiting from blocked on I/O); under
-    ``LANE_IDLE`` free again."""
+    """The share of the wall time the lane's threads used on a CPU, on average over them, that
+    reads as bound (their CPU time: a lane's call cannot be told waiting from blocked on I/O);
+    under ``LANE_IDLE`` free again."""
     LANE_IDLE = 0.25
 
     __slots__ = ("_at", "_bound", "_lane_s", "_loop_s", "_thread", "bound_s", "meter")
