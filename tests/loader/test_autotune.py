@@ -57,7 +57,11 @@ def test_two_default_loaders_share_a_throttling_store_and_nothing_fails(
     requests = sum(http_server.hits.values())
     # The store did push back, the loaders heard it (every throttle is retried and counted),
     # and the share of refused requests stayed small: the limits came down under the rate.
+    # Only a copy cancelled as its twin won, its 503 sent and not yet read, goes unheard: one
+    # per hedge at most (hedges are rare here; a throttle a copy read is heard: hedge.race).
     assert http_server.throttled > 0
-    assert sum(s.throttled for s in stats) == http_server.throttled
+    heard = sum(s.throttled for s in stats)
+    assert http_server.throttled - sum(s.hedges_sent for s in stats) <= heard
+    assert heard <= http_server.throttled
     assert http_server.throttled <= 0.25 * requests
     assert all(1 <= c <= 512 for s in stats for c in s.concurrency)

@@ -15,6 +15,7 @@ import pytest
 import asyncload
 from asyncload._exceptions import NotFound, ServerError
 from asyncload._stats import loader_stats as _stats
+from asyncload._stats import recorder as _metrics
 from asyncload._storage import api as _storage
 from asyncload._storage import hedge as _hedge
 from asyncload._storage.hedge import race as _round
@@ -481,6 +482,64 @@ async def test_a_retryable_failure_waits_for_the_hedge() -> None:
     assert await _hedge._race(copies, tracker, policy, 1) == ("hedge", 2)
     assert copies.ended == ["AttemptFailed", "hedge"]
     assert _hedge.counts().won == 1
+
+
+def _slow_down() -> AttemptFailed:
+    return AttemptFailed(ServerError, "slow down", status=503, retryable=True, reason="SlowDown")
+
+
+@pytest.mark.parametrize("in_place", [True, False], ids=["in-place", "task"])
+@pytest.mark.parametrize("throttled", ["primary", "hedge"])
+async def test_a_throttle_one_copy_met_is_heard_though_the_other_answers(
+    monkeypatch: pytest.MonkeyPatch, in_place: bool, throttled: str
+) -> None:
+    # Issue #33: the round ends with the other copy's answer, so the retry loop never judges
+    # the 503: the stats, the engine's in-flight limit and the prefix's hedges must hear it all
+    # the same (two loaders counted one throttle fewer than their store had answered).
+    if not in_place:
+        monkeypatch.setattr(_round, "_IN_PLACE", False)
+    elif sys.version_info < (3, 11):
+        pytest.skip("Task.uncancel()")
+    tracker, policy = _learned()
+    if throttled == "primary":  # fails after its hedge went out (at 20 ms); the hedge answers
+        copies = Copies(after(0.05, fail=_slow_down()), after(0.1, "hedge"))
+    else:  # the hedge is told to slow down at once; the primary answers later
+        copies = Copies(after(0.1, "primary"), after(0.0, fail=_slow_down()))
+    told: list[tuple[float, float | None]] = []
+    rec = _metrics.Recorder(on_throttle=lambda sent, after: told.append((sent, after)))
+    began = time.monotonic()
+    with _metrics.use(rec):
+        got = await _hedge._race(copies, tracker, policy, 1)
+    await _hedge.drain()
+    assert got == ("hedge" if throttled == "primary" else "primary", 2)
+    assert rec.counts["throttled"] == 1
+    assert rec.retries.total() == 0  # another copy answered: nothing was retried
+    assert len(told) == 1
+    assert began <= told[0][0] <= began + 0.05  # dated by when its copy went out
+    assert tracker.quiet_until >= began + _hedge._latency.HUSH  # no hedges to it for a while
+
+
+async def test_a_hedge_throttled_by_the_store_is_counted_once_and_hushes_the_prefix(
+    http_server: ObjectServer,
+) -> None:
+    # End to end: the primary straggles, its hedge gets the store's 503 at once, the primary
+    # answers. The throttle is counted once; the next straggler is not hedged.
+    _storage.configure(http_server.url, hedge=asyncload.Hedge(budget=0.5, min_delay=0.02))
+    await warm_up(http_server)
+    before = _metrics.recorder.counts["throttled"]
+    url = http_server.put("busy.bin", b"b")
+    http_server.delay("busy.bin", 0.3)  # the primary's
+    http_server.fail("busy.bin", "503")  # taken by the first to be answered: the hedge
+    assert await asyncload.read(url) == b"b"
+    assert http_server.hits["busy.bin"] == 2
+    assert _hedge.counts().sent == 1
+    assert _metrics.recorder.counts["throttled"] - before == 1
+    slow = http_server.put("slow.bin", b"s")
+    http_server.delay("slow.bin", 0.3)
+    assert await asyncload.read(slow) == b"s"
+    assert http_server.hits["slow.bin"] == 1  # hushed: not hedged
+    await settle(http_server)
+    await asyncload.aclose()
 
 
 @pytest.mark.skipif(sys.version_info < (3, 11), reason="Task.cancelling(), Task.uncancel()")

@@ -38,6 +38,7 @@ __all__ = [
     "Retry",
     "backoff",
     "give_up",
+    "hear",
     "is_throttle",
     "next_wait",
     "retrying",
@@ -126,6 +127,8 @@ class AttemptFailed(Exception):
         retry_after: Seconds the server asked us to wait, if it did.
         requests: Requests this failure stands for: 2 when a hedged twin failed as well
             (a hedged read); each one counts as an attempt.
+        heard: Whether asyncload has counted it as a throttle where it is one (``hear``: a
+            hedged read hears each copy's failure as it comes, the retry loop the rest).
     """
 
     def __init__(
@@ -146,6 +149,7 @@ class AttemptFailed(Exception):
         self.reason = reason
         self.retry_after = retry_after
         self.requests = 1
+        self.heard = False
 
     def public(self, url: str, attempts: int) -> StorageError:
         """The public exception to raise for this failure after *attempts* attempts."""
@@ -164,6 +168,18 @@ def is_throttle(failure: AttemptFailed) -> bool:
         or failure.retry_after is not None
         or failure.reason == "SlowDown"
     )
+
+
+def hear(failure: AttemptFailed, sent: float) -> None:
+    """Tell the stats and the running engine's in-flight limit of *failure* if it is a throttle
+    (``note_throttle``), once, whatever hears it first: the retry loop judging it
+    (``next_wait``), or a hedged round as soon as one of its copies fails, since the round
+    may end with another copy's answer and the throttle would go unheard (``hedge.race``).
+    *sent* is when the attempt went out (``time.monotonic``)."""
+    if not failure.heard:
+        failure.heard = True
+        if is_throttle(failure):
+            _recorder.note_throttle(sent, failure.retry_after)
 
 
 def _should_retry(failure: AttemptFailed, policy: Retry) -> bool:
@@ -331,12 +347,12 @@ def next_wait(
 ) -> float | None:
     """The seconds to wait before the next attempt, or ``None`` when there is none.
 
-    Every failed attempt is judged here, so a throttle is noted here too (``note_throttle``,
-    with *sent*, when the attempt went out: the running engine cuts its in-flight limit once
-    per overload, not once per answer to it).
+    Every failure a retry loop sees is judged here, so a throttle is heard here too
+    (``hear``, with *sent*, when the attempt went out: the running engine cuts its in-flight
+    limit once per overload, not once per answer to it). A hedged round hears each of its
+    copies' failures itself, as it comes, since another copy may yet answer.
     """
-    if is_throttle(failure):
-        _recorder.note_throttle(started if sent is None else sent, failure.retry_after)
+    hear(failure, started if sent is None else sent)
     if attempt >= policy.attempts or not _should_retry(failure, policy):
         return None
     if failure.retry_after is not None and failure.retry_after > policy.max_retry_after:

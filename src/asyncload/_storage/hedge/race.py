@@ -5,17 +5,23 @@ released, a connection closed) is waited for by ``copies.drain`` before clients 
 prefix's delay is known the request runs in its caller's own task and only a hedge gets a task
 (``_race_in_place``); before that, every request is watched from a task of its own
 (``_straggles``).
+
+Each copy's failure is heard as it comes (``_hear``): a round may end with another copy's
+answer, and a throttle it met must still reach the stats and the in-flight limit, and hush the
+prefix's hedges; the retry loop judges only the failure a round ends with
+(``retry.next_wait``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import sys
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from ..backends.progress import Progress, watching
-from ..retry import AttemptFailed, Hedge
+from ..retry import AttemptFailed, Hedge, hear
 from .copies import _cancel, _count_win, _send
 from .latency import _Prefix
 
@@ -38,6 +44,36 @@ _RESERVE = 3
 _MAX_HEDGES = 2
 # Task.uncancel() (3.11) lets a round run its primary in the caller's task (_race_in_place).
 _IN_PLACE = sys.version_info >= (3, 11)
+
+
+def _hear(failure: AttemptFailed, tracker: _Prefix, sent: float) -> None:
+    """A copy sent at *sent* (``time.monotonic``) failed: a throttle is heard now (``hear``),
+    and a prefix that throttles or fails gets no more hedges, as ``read`` hushes it for the
+    failure a round ends with."""
+    hear(failure, sent)
+    if failure.retryable:
+        tracker.hush(failure.retry_after or 0.0)
+
+
+def _heard_when_done(fut: asyncio.Future[Any], tracker: _Prefix) -> None:
+    """Hear *fut*'s failure, if it fails (not a cancelled loser's: it had no answer)."""
+    sent = time.monotonic()
+
+    def done(fut: asyncio.Future[Any]) -> None:
+        if not fut.cancelled():
+            exc = fut.exception()
+            if isinstance(exc, AttemptFailed):
+                _hear(exc, tracker, sent)
+
+    fut.add_done_callback(done)  # in the round's context: its engine's recorder
+
+
+def _hedge(start: Callable[[], Awaitable[T]], tracker: _Prefix) -> asyncio.Future[T]:
+    """A hedge of *start* (``copies._send``), its failure heard."""
+    fut = _send(start)
+    _heard_when_done(fut, tracker)
+    return fut
+
 
 _STOPPED: Any = object()  # _InPlace.outcome once the round is over
 
@@ -149,6 +185,7 @@ async def _race(
         primary: asyncio.Future[T] = asyncio.ensure_future(start())
     finally:
         watching.reset(token)
+    _heard_when_done(primary, tracker)
     straggles = False
     try:
         if delay != float("inf"):  # Python 3.10: the waits in this coroutine
@@ -173,7 +210,7 @@ async def _race(
         finally:
             tracker.observe(loop.time() - began, policy)
         return result, 1
-    copies: list[asyncio.Future[T]] = [primary, _send(start)]
+    copies: list[asyncio.Future[T]] = [primary, _hedge(start, tracker)]
     try:
         return await _await_copies(
             start, tracker, copies, 1 + min(spare, _MAX_HEDGES), loop.time(), None
@@ -214,7 +251,7 @@ async def _await_copies(
         if not done:  # every copy out still straggles: another one, if a token is left
             last = loop.time()
             if tracker.spend():
-                copies.append(_send(start))
+                copies.append(_hedge(start, tracker))
                 pending.add(copies[-1])
             continue
         # Several may be done in one wake-up: prefer a success, and the earlier copy.
@@ -299,7 +336,7 @@ class _InPlace(Progress):
         # The first hedge leaves part of the bucket to later stragglers (_RESERVE); a second
         # one takes what there is.
         if tracker.spend(max(0, _RESERVE - self.asks) if first else 0):
-            hedge = _send(self.start)
+            hedge = _hedge(self.start, tracker)
             hedge.add_done_callback(self._hedge_done)
             self.hedges.append(hedge)
             self.last = loop.time()
@@ -342,6 +379,7 @@ async def _race_in_place(
     request in twenty at most, gets a task.
     """
     loop = asyncio.get_running_loop()
+    sent = time.monotonic()
     round_ = _InPlace(start, tracker, spare, began)
     token = watching.set(round_)  # the backend reports the primary's signs of life
     try:
@@ -354,6 +392,7 @@ async def _race_in_place(
             ):
                 raise  # the caller's own cancellation
         except AttemptFailed as failure:
+            _hear(failure, tracker, sent)
             outcome = round_.stop()
             if outcome is None:  # the primary failed first
                 if not failure.retryable or not round_.hedges:
