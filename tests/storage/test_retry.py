@@ -74,6 +74,16 @@ async def test_transient_failures_are_retried_and_counted() -> None:
 
 
 @pytest.mark.asyncio
+async def test_every_throttle_is_heard_once_even_from_one_failure_raised_again() -> None:
+    # A backend may raise the same AttemptFailed object for every attempt (this file's own
+    # scripts do): each answer is a throttle of its own for the stats and the in-flight limit.
+    op = Script(*[transient()] * 3)
+    before = _stats.recorder.counts["throttled"]
+    assert await retrying(op, url="x://y", policy=asyncload.Retry(backoff=0.001)) == "ok"
+    assert _stats.recorder.counts["throttled"] - before == 3
+
+
+@pytest.mark.asyncio
 async def test_final_failure_reports_true_attempts() -> None:
     op = Script(*[transient()] * 5)
     with pytest.raises(ServerError) as info:

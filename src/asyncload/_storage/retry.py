@@ -353,6 +353,7 @@ def next_wait(
     copies' failures itself, as it comes, since another copy may yet answer.
     """
     hear(failure, started if sent is None else sent)
+    failure.heard = False  # judged: raised again (a backend may keep one), it is a new answer
     if attempt >= policy.attempts or not _should_retry(failure, policy):
         return None
     if failure.retry_after is not None and failure.retry_after > policy.max_retry_after:
