@@ -18,6 +18,7 @@ from asyncload._stats import loader_stats as _stats
 from asyncload._stats import recorder as _metrics
 from asyncload._storage import api as _storage
 from asyncload._storage import hedge as _hedge
+from asyncload._storage import retry as _retry
 from asyncload._storage.hedge import race as _round
 from asyncload._storage.retry import AttemptFailed
 
@@ -488,6 +489,23 @@ def _slow_down() -> AttemptFailed:
     return AttemptFailed(ServerError, "slow down", status=503, retryable=True, reason="SlowDown")
 
 
+def _stamped(started: list[float], behaviour: Callable[[], Awaitable[str]]) -> Any:
+    """*behaviour*, noting when it started (``time.monotonic``) in *started*."""
+
+    async def run() -> str:
+        started.append(time.monotonic())
+        return await behaviour()
+
+    return run
+
+
+def _round_kind(monkeypatch: pytest.MonkeyPatch, in_place: bool) -> None:
+    if not in_place:
+        monkeypatch.setattr(_round, "_IN_PLACE", False)
+    elif sys.version_info < (3, 11):
+        pytest.skip("Task.uncancel()")
+
+
 @pytest.mark.parametrize("in_place", [True, False], ids=["in-place", "task"])
 @pytest.mark.parametrize("throttled", ["primary", "hedge"])
 async def test_a_throttle_one_copy_met_is_heard_though_the_other_answers(
@@ -496,27 +514,58 @@ async def test_a_throttle_one_copy_met_is_heard_though_the_other_answers(
     # Issue #33: the round ends with the other copy's answer, so the retry loop never judges
     # the 503: the stats, the engine's in-flight limit and the prefix's hedges must hear it all
     # the same (two loaders counted one throttle fewer than their store had answered).
-    if not in_place:
-        monkeypatch.setattr(_round, "_IN_PLACE", False)
-    elif sys.version_info < (3, 11):
-        pytest.skip("Task.uncancel()")
+    _round_kind(monkeypatch, in_place)
     tracker, policy = _learned()
+    started: list[float] = []
     if throttled == "primary":  # fails after its hedge went out (at 20 ms); the hedge answers
-        copies = Copies(after(0.05, fail=_slow_down()), after(0.1, "hedge"))
+        copies = Copies(
+            _stamped(started, after(0.05, fail=_slow_down())), _stamped(started, after(0.1, "h"))
+        )
     else:  # the hedge is told to slow down at once; the primary answers later
-        copies = Copies(after(0.1, "primary"), after(0.0, fail=_slow_down()))
+        copies = Copies(
+            _stamped(started, after(0.1, "p")), _stamped(started, after(0.0, fail=_slow_down()))
+        )
     told: list[tuple[float, float | None]] = []
     rec = _metrics.Recorder(on_throttle=lambda sent, after: told.append((sent, after)))
     began = time.monotonic()
     with _metrics.use(rec):
         got = await _hedge._race(copies, tracker, policy, 1)
     await _hedge.drain()
-    assert got == ("hedge" if throttled == "primary" else "primary", 2)
+    assert got == ("h" if throttled == "primary" else "p", 2)
     assert rec.counts["throttled"] == 1
-    assert rec.retries.total() == 0  # another copy answered: nothing was retried
     assert len(told) == 1
-    assert began <= told[0][0] <= began + 0.05  # dated by when its copy went out
+    # Dated by when its own copy went out: the hedge a delay after the primary.
+    if throttled == "primary":
+        assert told[0][0] <= started[1]
+    else:
+        assert told[0][0] > started[0]
     assert tracker.quiet_until >= began + _hedge._latency.HUSH  # no hedges to it for a while
+
+
+@pytest.mark.parametrize("in_place", [True, False], ids=["in-place", "task"])
+async def test_each_copy_is_heard_once_and_the_retry_loop_hears_the_round_no_more(
+    monkeypatch: pytest.MonkeyPatch, in_place: bool
+) -> None:
+    # Both copies throttled, with one failure object (a backend may keep one): two answers,
+    # two throttles. The round raises that failure, and the retry loop that judges it next
+    # (next_wait) must not count it a third time; judged, a later answer with it is new.
+    _round_kind(monkeypatch, in_place)
+    tracker, policy = _learned()
+    busy = _slow_down()
+    copies = Copies(after(0.05, fail=busy), after(0.0, fail=busy))
+    rec = _metrics.Recorder()
+    retry = asyncload.Retry(backoff=0.0)
+    with _metrics.use(rec):
+        with pytest.raises(AttemptFailed) as caught:
+            await _hedge._race(copies, tracker, policy, 1)
+        assert caught.value is busy
+        assert caught.value.requests == 2
+        assert rec.counts["throttled"] == 2
+        assert _retry.next_wait(busy, retry, 2, time.monotonic()) is not None
+        assert rec.counts["throttled"] == 2
+        _retry.next_wait(busy, retry, 3, time.monotonic())  # raised again: a new answer
+        assert rec.counts["throttled"] == 3
+    await _hedge.drain()
 
 
 async def test_a_hedge_throttled_by_the_store_is_counted_once_and_hushes_the_prefix(

@@ -305,9 +305,10 @@ class LimitController:
         self._in_flight = max(0, self._in_flight - 1)
 
     def throttled(self, now: float, sent: float, retry_after: float | None = None) -> None:
-        """A request sent at *sent* was told "too many" at *now* and is being retried: its
-        final answer comes through ``finished`` (or ``returned``, if it gave its slot back
-        while it waited), but the limit is cut now, as for a ``THROTTLED`` answer."""
+        """A request sent at *sent* was told "too many" at *now* and is being retried (or was
+        one copy of a hedged read whose other copy answers): its final answer comes through
+        ``finished`` (or ``returned``, if it gave its slot back while it waited), but the limit
+        is cut now, as for a ``THROTTLED`` answer."""
         self._throttled += 1
         self._throttle(now, sent, retry_after)
 

@@ -39,6 +39,7 @@ __all__ = [
     "backoff",
     "give_up",
     "hear",
+    "heard",
     "is_throttle",
     "next_wait",
     "retrying",
@@ -127,8 +128,6 @@ class AttemptFailed(Exception):
         retry_after: Seconds the server asked us to wait, if it did.
         requests: Requests this failure stands for: 2 when a hedged twin failed as well
             (a hedged read); each one counts as an attempt.
-        heard: Whether asyncload has counted it as a throttle where it is one (``hear``: a
-            hedged read hears each copy's failure as it comes, the retry loop the rest).
     """
 
     def __init__(
@@ -149,7 +148,9 @@ class AttemptFailed(Exception):
         self.reason = reason
         self.retry_after = retry_after
         self.requests = 1
-        self.heard = False
+        # Heard already by the hedged round that raised it (``heard``): the retry loop that
+        # judges it next does not hear it again.
+        self._heard = False
 
     def public(self, url: str, attempts: int) -> StorageError:
         """The public exception to raise for this failure after *attempts* attempts."""
@@ -172,14 +173,20 @@ def is_throttle(failure: AttemptFailed) -> bool:
 
 def hear(failure: AttemptFailed, sent: float) -> None:
     """Tell the stats and the running engine's in-flight limit of *failure* if it is a throttle
-    (``note_throttle``), once, whatever hears it first: the retry loop judging it
-    (``next_wait``), or a hedged round as soon as one of its copies fails, since the round
-    may end with another copy's answer and the throttle would go unheard (``hedge.race``).
-    *sent* is when the attempt went out (``time.monotonic``)."""
-    if not failure.heard:
-        failure.heard = True
-        if is_throttle(failure):
-            _recorder.note_throttle(sent, failure.retry_after)
+    (``note_throttle``); *sent* is when the attempt went out (``time.monotonic``).
+
+    Called once per answer: by the retry loop that judges it (``next_wait``), or by a hedged
+    round as soon as one of its copies fails, since the round may end with another copy's
+    answer (``hedge.race``); the failure a round raises is marked ``heard`` for the loop.
+    """
+    if is_throttle(failure):
+        _recorder.note_throttle(sent, failure.retry_after)
+
+
+def heard(failure: AttemptFailed) -> None:
+    """Mark *failure*, which its hedged round heard, so that ``next_wait`` does not hear it
+    again when it judges it."""
+    failure._heard = True
 
 
 def _should_retry(failure: AttemptFailed, policy: Retry) -> bool:
@@ -352,8 +359,12 @@ def next_wait(
     limit once per overload, not once per answer to it). A hedged round hears each of its
     copies' failures itself, as it comes, since another copy may yet answer.
     """
-    hear(failure, started if sent is None else sent)
-    failure.heard = False  # judged: raised again (a backend may keep one), it is a new answer
+    if failure._heard:
+        # Its hedged round heard it. The mark is spent: a backend may raise the same object
+        # for a later answer, which is a new one.
+        failure._heard = False
+    else:
+        hear(failure, started if sent is None else sent)
     if attempt >= policy.attempts or not _should_retry(failure, policy):
         return None
     if failure.retry_after is not None and failure.retry_after > policy.max_retry_after:

@@ -6,10 +6,10 @@ prefix's delay is known the request runs in its caller's own task and only a hed
 (``_race_in_place``); before that, every request is watched from a task of its own
 (``_straggles``).
 
-Each copy's failure is heard as it comes (``_hear``): a round may end with another copy's
-answer, and a throttle it met must still reach the stats and the in-flight limit, and hush the
-prefix's hedges; the retry loop judges only the failure a round ends with
-(``retry.next_wait``).
+Each copy's failure is heard once, as soon as the round sees it (``_Ears``): a round may end
+with another copy's answer, and a throttle it met must still reach the stats and the in-flight
+limit, and hush the prefix's hedges. The retry loop judges only the failure a round ends with
+(``retry.next_wait``), which the round marks as heard.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from ..backends.progress import Progress, watching
-from ..retry import AttemptFailed, Hedge, hear
+from ..retry import AttemptFailed, Hedge, hear, heard
 from .copies import _cancel, _count_win, _send
 from .latency import _Prefix
 
@@ -46,33 +46,43 @@ _MAX_HEDGES = 2
 _IN_PLACE = sys.version_info >= (3, 11)
 
 
-def _hear(failure: AttemptFailed, tracker: _Prefix, sent: float) -> None:
-    """A copy sent at *sent* (``time.monotonic``) failed: a throttle is heard now (``hear``),
-    and a prefix that throttles or fails gets no more hedges, as ``read`` hushes it for the
-    failure a round ends with."""
-    hear(failure, sent)
-    if failure.retryable:
-        tracker.hush(failure.retry_after or 0.0)
+class _Ears:
+    """The copies of one round whose failures it heard, each once (``retry.hear``): a throttle
+    told to the stats and the in-flight limit, and the prefix hushed for a retryable failure,
+    as ``read`` hushes it for the failure a round ends with.
 
+    A copy may be seen failing from several places (the wait that woke for it, a hedge's
+    done callback, the round's end), so copies are heard by identity, once each; the failure
+    the round raises is marked heard (``retry.heard``) for the retry loop that judges it next.
+    """
 
-def _heard_when_done(fut: asyncio.Future[Any], tracker: _Prefix) -> None:
-    """Hear *fut*'s failure, if it fails (not a cancelled loser's: it had no answer)."""
-    sent = time.monotonic()
+    __slots__ = ("_heard", "_sent", "tracker")
 
-    def done(fut: asyncio.Future[Any]) -> None:
-        if not fut.cancelled():
-            exc = fut.exception()
-            if isinstance(exc, AttemptFailed):
-                _hear(exc, tracker, sent)
+    def __init__(self, tracker: _Prefix) -> None:
+        self.tracker = tracker
+        self._sent: dict[asyncio.Future[Any], float] = {}  # when each copy went out
+        self._heard: set[asyncio.Future[Any]] = set()
 
-    fut.add_done_callback(done)  # in the round's context: its engine's recorder
+    def sent(self, fut: asyncio.Future[T]) -> asyncio.Future[T]:
+        """*fut*, a copy that went out now (``time.monotonic``: a throttle is dated by it)."""
+        self._sent[fut] = time.monotonic()
+        return fut
 
+    def copy(self, fut: asyncio.Future[Any]) -> None:
+        """Hear *fut*'s failure if it is done with one and was not heard yet (a cancelled
+        loser had no answer to hear)."""
+        if fut in self._heard or not fut.done() or fut.cancelled():
+            return
+        exc = fut.exception()
+        if isinstance(exc, AttemptFailed):
+            self._heard.add(fut)
+            self.failure(exc, self._sent[fut])
 
-def _hedge(start: Callable[[], Awaitable[T]], tracker: _Prefix) -> asyncio.Future[T]:
-    """A hedge of *start* (``copies._send``), its failure heard."""
-    fut = _send(start)
-    _heard_when_done(fut, tracker)
-    return fut
+    def failure(self, failure: AttemptFailed, sent: float) -> None:
+        """Hear *failure* of a copy sent at *sent* (the primary in place calls this once)."""
+        hear(failure, sent)
+        if failure.retryable:
+            self.tracker.hush(failure.retry_after or 0.0)
 
 
 _STOPPED: Any = object()  # _InPlace.outcome once the round is over
@@ -179,13 +189,13 @@ async def _race(
         return result, 1
     if _IN_PLACE and delay != float("inf"):  # the usual case
         return await _race_in_place(start, tracker, policy, spare, began)
+    ears = _Ears(tracker)
     watch = Progress(began)
     token = watching.set(watch)  # the task copies this context
     try:
-        primary: asyncio.Future[T] = asyncio.ensure_future(start())
+        primary: asyncio.Future[T] = ears.sent(asyncio.ensure_future(start()))
     finally:
         watching.reset(token)
-    _heard_when_done(primary, tracker)
     straggles = False
     try:
         if delay != float("inf"):  # Python 3.10: the waits in this coroutine
@@ -207,24 +217,29 @@ async def _race(
     if not straggles:
         try:
             result = await primary
+        except AttemptFailed as failure:
+            ears.copy(primary)
+            heard(failure)
+            raise
         finally:
             tracker.observe(loop.time() - began, policy)
         return result, 1
-    copies: list[asyncio.Future[T]] = [primary, _hedge(start, tracker)]
+    copies: list[asyncio.Future[T]] = [primary, ears.sent(_send(start))]
     try:
         return await _await_copies(
-            start, tracker, copies, 1 + min(spare, _MAX_HEDGES), loop.time(), None
+            start, ears, copies, 1 + min(spare, _MAX_HEDGES), loop.time(), None
         )
     finally:
         # The primary's latency is at least this long: a lower bound keeps the percentile honest.
         tracker.observe(loop.time() - began, policy)
         for fut in copies:
+            ears.copy(fut)  # failed, and not seen by the wait that returned
             _cancel(fut)
 
 
 async def _await_copies(
     start: Callable[[], Awaitable[T]],
-    tracker: _Prefix,
+    ears: _Ears,
     copies: list[asyncio.Future[T]],
     most: int,
     last: float,
@@ -235,6 +250,7 @@ async def _await_copies(
     place: ``ran_in_place=1``, and failed with *failure*); send another copy, up to *most*
     requests, when every copy out has straggled a delay since the *last* one went out."""
     loop = asyncio.get_running_loop()
+    tracker = ears.tracker
     pending = set(copies)
     # A hedge straggles too, one time in a hundred: with ~40 stragglers a run, one of them in
     # three. Both copies then hold their batch until the primary answers (0.5-2 s). So a round
@@ -251,11 +267,12 @@ async def _await_copies(
         if not done:  # every copy out still straggles: another one, if a token is left
             last = loop.time()
             if tracker.spend():
-                copies.append(_hedge(start, tracker))
+                copies.append(ears.sent(_send(start)))
                 pending.add(copies[-1])
             continue
         # Several may be done in one wake-up: prefer a success, and the earlier copy.
         for fut in sorted(done, key=copies.index):
+            ears.copy(fut)
             exc = fut.exception()
             if exc is None:
                 if ran_in_place or fut is not copies[0]:
@@ -269,6 +286,7 @@ async def _await_copies(
                 break
     assert failure is not None
     failure.requests = len(copies) + ran_in_place
+    heard(failure)  # by ears, above, or by the primary in place
     raise failure
 
 
@@ -284,6 +302,7 @@ class _InPlace(Progress):
     __slots__ = (
         "asks",
         "cancelling",
+        "ears",
         "hedges",
         "interrupted",
         "last",
@@ -308,6 +327,7 @@ class _InPlace(Progress):
         if sys.version_info >= (3, 11):
             self.cancelling = task.cancelling()
         self.start, self.tracker = start, tracker
+        self.ears = _Ears(tracker)
         self.most = 1 + min(spare, _MAX_HEDGES)
         self.hedges: list[asyncio.Future[Any]] = []
         self.asks = 0  # times the bucket refused the first hedge (see _RESERVE)
@@ -336,7 +356,7 @@ class _InPlace(Progress):
         # The first hedge leaves part of the bucket to later stragglers (_RESERVE); a second
         # one takes what there is.
         if tracker.spend(max(0, _RESERVE - self.asks) if first else 0):
-            hedge = _hedge(self.start, tracker)
+            hedge = self.ears.sent(_send(self.start))
             hedge.add_done_callback(self._hedge_done)
             self.hedges.append(hedge)
             self.last = loop.time()
@@ -348,6 +368,7 @@ class _InPlace(Progress):
             self.timer = loop.call_later(max(tracker.delay, _LEARNING_POLL), self._due)
 
     def _hedge_done(self, hedge: asyncio.Future[Any]) -> None:
+        self.ears.copy(hedge)
         if self.outcome is not None or hedge.cancelled():  # decided, or a loser
             return
         exc = hedge.exception()
@@ -381,6 +402,7 @@ async def _race_in_place(
     loop = asyncio.get_running_loop()
     sent = time.monotonic()
     round_ = _InPlace(start, tracker, spare, began)
+    ears = round_.ears
     token = watching.set(round_)  # the backend reports the primary's signs of life
     try:
         try:
@@ -392,16 +414,17 @@ async def _race_in_place(
             ):
                 raise  # the caller's own cancellation
         except AttemptFailed as failure:
-            _hear(failure, tracker, sent)
+            ears.failure(failure, sent)
             outcome = round_.stop()
             if outcome is None:  # the primary failed first
                 if not failure.retryable or not round_.hedges:
                     failure.requests = 1 + len(round_.hedges)
+                    heard(failure)
                     raise
                 # Every hedge, those done too: one may have answered in this same turn, before
                 # its callback ran.
                 return await _await_copies(
-                    start, tracker, round_.hedges, round_.most, round_.last, failure, 1
+                    start, ears, round_.hedges, round_.most, round_.last, failure, 1
                 )
         except BaseException:
             round_.stop()
@@ -414,6 +437,8 @@ async def _race_in_place(
         if exc is not None:
             if isinstance(exc, AttemptFailed):
                 exc.requests = 1 + len(round_.hedges)
+                ears.copy(outcome)
+                heard(exc)
             raise exc
         _count_win()
         return outcome.result(), 1 + len(round_.hedges)
@@ -421,4 +446,5 @@ async def _race_in_place(
         watching.reset(token)
         tracker.observe(loop.time() - began, policy)
         for hedge in round_.hedges:
+            ears.copy(hedge)  # failed before the primary answered
             _cancel(hedge)
