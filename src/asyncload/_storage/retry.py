@@ -130,6 +130,11 @@ class AttemptFailed(Exception):
             (a hedged read); each one counts as an attempt.
     """
 
+    # Heard already by the hedged round that raised it (``heard``): the retry loop that judges
+    # it next does not hear it again. A class default: a backend's subclass may not call
+    # this __init__.
+    _heard = False
+
     def __init__(
         self,
         kind: type[StorageError],
@@ -148,9 +153,6 @@ class AttemptFailed(Exception):
         self.reason = reason
         self.retry_after = retry_after
         self.requests = 1
-        # Heard already by the hedged round that raised it (``heard``): the retry loop that
-        # judges it next does not hear it again.
-        self._heard = False
 
     def public(self, url: str, attempts: int) -> StorageError:
         """The public exception to raise for this failure after *attempts* attempts."""
