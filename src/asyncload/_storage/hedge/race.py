@@ -56,27 +56,26 @@ class _Ears:
     the round raises is marked heard (``retry.heard``) for the retry loop that judges it next.
     """
 
-    __slots__ = ("_heard", "_sent", "tracker")
+    __slots__ = ("_unheard", "tracker")
 
     def __init__(self, tracker: _Prefix) -> None:
         self.tracker = tracker
-        self._sent: dict[asyncio.Future[Any], float] = {}  # when each copy went out
-        self._heard: set[asyncio.Future[Any]] = set()
+        # The copies sent and not heard yet, with when each went out.
+        self._unheard: dict[asyncio.Future[Any], float] = {}
 
     def sent(self, fut: asyncio.Future[T]) -> asyncio.Future[T]:
         """*fut*, a copy that went out now (``time.monotonic``: a throttle is dated by it)."""
-        self._sent[fut] = time.monotonic()
+        self._unheard[fut] = time.monotonic()
         return fut
 
     def copy(self, fut: asyncio.Future[Any]) -> None:
         """Hear *fut*'s failure if it is done with one and was not heard yet (a cancelled
         loser had no answer to hear)."""
-        if fut in self._heard or not fut.done() or fut.cancelled():
+        if fut not in self._unheard or not fut.done() or fut.cancelled():
             return
         exc = fut.exception()
         if isinstance(exc, AttemptFailed):
-            self._heard.add(fut)
-            self.failure(exc, self._sent[fut])
+            self.failure(exc, self._unheard.pop(fut))
 
     def failure(self, failure: AttemptFailed, sent: float) -> None:
         """Hear *failure* of a copy sent at *sent* (the primary in place calls this once)."""
