@@ -78,10 +78,16 @@ class _Ears:
             self.failure(exc, self._unheard.pop(fut))
 
     def failure(self, failure: AttemptFailed, sent: float) -> None:
-        """Hear *failure* of a copy sent at *sent* (the primary in place calls this once)."""
-        hear(failure, sent)
-        if failure.retryable:
-            self.tracker.hush(failure.retry_after or 0.0)
+        """Hear *failure* of a copy sent at *sent*."""
+        _hear(self.tracker, failure, sent)
+
+
+def _hear(tracker: _Prefix, failure: AttemptFailed, sent: float) -> None:
+    """Hear *failure* of a request sent at *sent* (``time.monotonic``) to *tracker*'s prefix: a
+    throttle noted, and the prefix hushed for a retryable failure."""
+    hear(failure, sent)
+    if failure.retryable:
+        tracker.hush(failure.retry_after or 0.0)
 
 
 _STOPPED: Any = object()  # _InPlace.outcome once the round is over
@@ -326,7 +332,9 @@ class _InPlace(Progress):
         if sys.version_info >= (3, 11):
             self.cancelling = task.cancelling()
         self.start, self.tracker = start, tracker
-        self.ears = _Ears(tracker)
+        # Made with the first hedge: most rounds send none, and the primary in place is heard
+        # without it (_race_in_place).
+        self.ears: _Ears | None = None
         self.most = 1 + min(spare, _MAX_HEDGES)
         self.hedges: list[asyncio.Future[Any]] = []
         self.asks = 0  # times the bucket refused the first hedge (see _RESERVE)
@@ -355,6 +363,8 @@ class _InPlace(Progress):
         # The first hedge leaves part of the bucket to later stragglers (_RESERVE); a second
         # one takes what there is.
         if tracker.spend(max(0, _RESERVE - self.asks) if first else 0):
+            if self.ears is None:
+                self.ears = _Ears(tracker)
             hedge = self.ears.sent(_send(self.start))
             hedge.add_done_callback(self._hedge_done)
             self.hedges.append(hedge)
@@ -367,6 +377,7 @@ class _InPlace(Progress):
             self.timer = loop.call_later(max(tracker.delay, _LEARNING_POLL), self._due)
 
     def _hedge_done(self, hedge: asyncio.Future[Any]) -> None:
+        assert self.ears is not None  # made with the first hedge
         self.ears.copy(hedge)
         if self.outcome is not None or hedge.cancelled():  # decided, or a loser
             return
@@ -399,9 +410,7 @@ async def _race_in_place(
     request in twenty at most, gets a task.
     """
     loop = asyncio.get_running_loop()
-    sent = time.monotonic()
     round_ = _InPlace(start, tracker, spare, began)
-    ears = round_.ears
     token = watching.set(round_)  # the backend reports the primary's signs of life
     try:
         try:
@@ -413,17 +422,19 @@ async def _race_in_place(
             ):
                 raise  # the caller's own cancellation
         except AttemptFailed as failure:
-            ears.failure(failure, sent)
+            # Sent when the round began, on the loop's clock (uvloop's: whole ms, read once a
+            # turn): converted to time.monotonic here, on failure, not read for every request.
+            _hear(tracker, failure, time.monotonic() - (loop.time() - began))
             outcome = round_.stop()
             if outcome is None:  # the primary failed first
-                if not failure.retryable or not round_.hedges:
+                if not failure.retryable or round_.ears is None:  # no hedge went out
                     failure.requests = 1 + len(round_.hedges)
                     heard(failure)
                     raise
                 # Every hedge, those done too: one may have answered in this same turn, before
                 # its callback ran.
                 return await _await_copies(
-                    start, ears, round_.hedges, round_.most, round_.last, failure, 1
+                    start, round_.ears, round_.hedges, round_.most, round_.last, failure, 1
                 )
         except BaseException:
             round_.stop()
@@ -436,7 +447,8 @@ async def _race_in_place(
         if exc is not None:
             if isinstance(exc, AttemptFailed):
                 exc.requests = 1 + len(round_.hedges)
-                ears.copy(outcome)
+                assert round_.ears is not None  # outcome is a hedge
+                round_.ears.copy(outcome)
                 heard(exc)
             raise exc
         _count_win()
@@ -444,6 +456,7 @@ async def _race_in_place(
     finally:
         watching.reset(token)
         tracker.observe(loop.time() - began, policy)
-        for hedge in round_.hedges:
-            ears.copy(hedge)  # failed before the primary answered
-            _cancel(hedge)
+        if round_.ears is not None:
+            for hedge in round_.hedges:
+                round_.ears.copy(hedge)  # failed before the primary answered
+                _cancel(hedge)
