@@ -98,6 +98,12 @@ class AdaptiveLimiter:
         """Whether requests wait for a slot."""
         return bool(self._waiters or self._firsts)
 
+    @property
+    def rejoining(self) -> bool:
+        """Whether requests that gave their slot back for a while wait to take one again
+        (``acquire(first=True)``): they go before any other."""
+        return bool(self._firsts)
+
     def throttled(self, sent: float, retry_after: float | None = None) -> None:
         """A request admitted at *sent* was told "too many" and is being retried (see
         ``LimitController.throttled``)."""

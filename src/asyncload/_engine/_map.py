@@ -99,10 +99,11 @@ class MapFetching(EngineCore):
     async def _run_slot(self, first: tuple[_Batch, int, Any], granted: float) -> None:
         """Fetch *first*, then the samples next in line, in this task, holding one slot.
 
-        Handing the slot on here, rather than releasing it to the starter that then starts
-        a task, saves the next sample two turns of a busy loop (1-2 ms of its ~55 at 50 ms).
-        An adaptive limit that shrank below the samples in flight takes the slot back instead
-        (``Slots.handoff``).
+        Keeping the slot for the next sample, rather than releasing it to the starter that
+        then starts a task, saves the next sample two turns of a busy loop (1-2 ms of its ~55
+        at 50 ms). An adaptive limit that shrank below the samples in flight, or a sample
+        waiting to take a slot again after a retry's backoff, takes the slot instead
+        (``Held.keep``): this task then ends, and leaves the line as it was.
         """
         item: tuple[_Batch, int, Any] | None = first
         ok: bool | None = None
@@ -111,12 +112,14 @@ class MapFetching(EngineCore):
         try:
             while item is not None:
                 ok = await self._fetch_one(*item)
+                # Asked before the next sample is taken from the line: a task that waited for
+                # a slot holding it made every later one wait in turn (Held.keep).
+                if not self._line or not slot.keep(ok):
+                    break
+                ok = None  # told by keep
                 item = self._next_in_line()
                 if item is None:
                     break
-                # Handed on, or (the limit shrank) given back and waited for, holding the item.
-                await slot.next(ok)
-                ok = None
                 if _cancelled_within():
                     # A sample left a cancellation caught and not withdrawn on this task: the
                     # next one gets a task of its own, as _as_failure reads that count.

@@ -180,7 +180,14 @@ class Slots:
     def handoff(self, granted: float, ok: bool | None) -> float | None:
         """The holder of a slot finished a sample (granted at *granted*): may it take the next
         one in line without giving the slot back? The new grant time if so; ``None`` if the
-        limit shrank below what is in flight (the slot is then given back)."""
+        limit shrank below what is in flight, or a sample that gave its slot back for a while
+        waits to take one again (it goes first): the slot is then given back.
+
+        Others waiting for a slot (the engine's starter) do not stop a handoff: the sample it
+        takes is the one next in line, which they would have taken. Deferring to them cost a
+        task and two wake-ups per sample whenever the line was long (every sample, where the
+        limit bounds the worker).
+        """
         if self._fixed is not None:
             now = time.monotonic()
             self._load.sample(now)
@@ -193,7 +200,7 @@ class Slots:
         else:
             self._note_load(now)
             c.finished(now, Outcome.OK if ok else Outcome.FAILED, now - granted)
-        if c.in_flight < c.limit and not self._limiter.waiting:
+        if c.in_flight < c.limit and not self._limiter.rejoining:
             c.started(now)
             return now
         self._limiter.wake()
@@ -289,16 +296,24 @@ class Held:
     def _let_go(self) -> bool:
         return self.closed  # a call: read after an await, not narrowed by the check before
 
-    async def next(self, ok: bool | None) -> None:
-        """A sample (outcome *ok*) finished and another is next: hand the slot on to it if the
-        limit allows (``Slots.handoff``), else give it back and wait, first in line."""
-        if self.held:
+    def keep(self, ok: bool | None) -> bool:
+        """A sample (outcome *ok*) finished and others wait in line: whether this holder keeps
+        the slot for the next one (``Slots.handoff``). If not, the slot was given back (or was
+        not held: its sample left it for a wait) and this ``Held`` takes none again: the
+        samples in line go to whoever the freed slots go to.
+
+        A holder that waited for a slot again, holding the sample it took next, kept every
+        later holder waiting too: each one that finished gave its slot to the one waiting and
+        waited in turn, a task switch and two wake-ups per sample for as long as the pass ran.
+        """
+        if self.held and not self.closed:
             granted = self._slots.handoff(self.granted, ok)
             if granted is not None:
                 self.granted = granted
-                return
+                return True
             self.held = False
-        await self.rejoin()
+        self.closed = True
+        return False
 
     def hand_over(self) -> float:
         """Pass the slot to another task (which makes its own ``Held``); when it was granted."""
