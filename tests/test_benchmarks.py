@@ -1,7 +1,7 @@
 """Smoke tests: ``benchmarks/bench_loader.py``, ``bench_tails.py``, ``bench_cache.py``,
 ``bench_wholerun.py``, ``bench_pipeline.py``, ``bench_autotune.py``, ``bench_converge.py``,
-``bench_lane.py``, ``bench_layers.py`` and ``bench_ab.py`` with ``--quick`` run and print their
-tables; ``bench_gpu.py`` says it needs CUDA and exits, and its CPU ceiling runs.
+``bench_lane.py``, ``bench_layers.py``, ``bench_overhead.py`` and ``bench_ab.py`` with ``--quick``
+run and print their tables; ``bench_gpu.py`` says it needs CUDA and exits, and its CPU ceiling runs.
 
 Only that it runs: speed depends on whatever else the machine is doing, so no numbers are
 checked here.
@@ -242,6 +242,19 @@ def test_bench_lane_quick_prints_each_way() -> None:
     text = _run_quick("bench_lane.py", timeout=50)
     for way in ("| inline |", "| asyncload.cpu |", "| run_in_executor(lane) |"):
         assert way in text, f"{way} missing:\n{text}"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_bench_overhead_quick_prints_each_row() -> None:
+    text = _run_quick("bench_overhead.py", timeout=100)
+    for row in (
+        "| backend.read |",
+        "| asyncload.read |",
+        "| DataLoader, default |",
+        "| DataLoader, max_concurrency=32 |",
+    ):
+        assert row in text, f"{row} missing:\n{text}"
 
 
 @pytest.mark.slow
