@@ -123,8 +123,12 @@ growth test did) and over HTTP in 15 of 30, no better than chance; in the runs m
 each; 1.38x against 1.32x simulated) and (c) reached 0.80-0.85 of the store's rate in 4 runs,
 against 0.89 in 2 of the base's 4 (0.48 and 0.70 in the other 2, during a slow spell). Growing under
 1.25 only while the worker's CPU bounds it won 12 of 18 pairs over HTTP and 9 of 18 over S3
-(2026-11-28). Not covered: a store at 500 ms that throttles synchronized bursts (0.56 of the rate;
-pacing the sends would help).
+(2026-11-28). A floor of a batch's worth (32) on the Vegas shrink while the worker's CPU bounds
+it, for a store that answers at once (an in-memory one: limits of 3-7, where each turn of the
+worker's loop reads few answers): 8% more samples/s there in 3 of 4 pairs, but ``bench_autotune``
+(d) read its workers as bound at their start, and its whole-run p99 went to 195 and 212 ms against
+97 and 150 (2 interleaved runs each; 2026-11-28). Not covered: a store at 500 ms that throttles
+synchronized bursts (0.56 of the rate; pacing the sends would help).
 
 Where it runs: ``_engine/slots.py`` sizes a worker's fetch slots with it (one controller per
 worker, each sample one request; a storage attempt's throttle reaches it through
