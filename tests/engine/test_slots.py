@@ -272,6 +272,30 @@ def test_a_holder_refused_its_slot_leaves_it_to_a_rejoining_sample_and_waits_for
     asyncio.run(main())
 
 
+@pytest.mark.timeout(10)
+def test_a_holder_keeps_its_slot_though_others_wait_and_a_limit_that_grew_lets_them_in() -> None:
+    async def main() -> None:
+        slots = Slots(None, initial=8)
+        c = slots.controller
+        assert c is not None
+        held = [Held(slots, await slots.acquire()) for _ in range(8)]
+        starter = asyncio.ensure_future(slots.acquire())  # the next sample in line waits
+        await asyncio.sleep(0)
+        # Holders keep their slots for the samples next in line, though the starter waits:
+        # it would take the same samples, at the cost of a task each.
+        for k in range(15):
+            assert held[k % 8].keep(True)
+        assert not starter.done()
+        # The 16th answer ends slow start's first epoch: the limit doubles, and the room it
+        # made goes to the starter at once (no release would come to wake it).
+        assert held[15 % 8].keep(True)
+        assert c.limit == 16
+        assert await asyncio.wait_for(starter, 1) > 0
+        assert c.in_flight == 9
+
+    asyncio.run(main())
+
+
 @pytest.mark.timeout(60)
 def test_after_a_cut_the_holders_keep_their_slots_again(monkeypatch: pytest.MonkeyPatch) -> None:
     # A cut leaves more samples in flight than the limit: holders that finish give their slots

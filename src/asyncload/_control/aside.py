@@ -41,8 +41,8 @@ async def sleep_aside(seconds: float) -> None:
     """Sleep *seconds* (a retry's backoff) without holding the current sample's slot.
 
     A cancellation while asleep or in line leaves the slot given back. A sample that catches it
-    and goes on runs without a slot (one over the limit, for a while); the engine takes one
-    again before its task's next sample, and gives back only what it holds.
+    and goes on runs without a slot (one over the limit, for a while); its task then takes no
+    next sample (``Held.keep``), and gives back only what it holds.
     """
     held = seat.get()
     if held is None or not held.leave():

@@ -94,11 +94,6 @@ class AdaptiveLimiter:
         self.wake()
 
     @property
-    def waiting(self) -> bool:
-        """Whether requests wait for a slot."""
-        return bool(self._waiters or self._firsts)
-
-    @property
     def rejoining(self) -> bool:
         """Whether requests that gave their slot back for a while wait to take one again
         (``acquire(first=True)``): they go before any other."""

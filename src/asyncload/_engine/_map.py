@@ -76,8 +76,9 @@ class MapFetching(EngineCore):
         line.extend((batch, pos, index) for pos, index in enumerate(indices))
         while line:
             # Waiting here is the backpressure: the next batch starts as soon as slots free up,
-            # before this one completes. A slot that frees up takes the next sample in line
-            # itself (_run_slot), so this wakes only when the line is empty.
+            # before this one completes. A slot's holder takes the next sample in line itself
+            # (_run_slot), so this wakes when the line is empty, when an adaptive limit grew,
+            # and for the samples a holder refused its slot left in line (Held.keep).
             granted = await self._sem.acquire()
             item = self._next_in_line()
             if item is None:

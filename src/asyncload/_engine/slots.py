@@ -202,6 +202,9 @@ class Slots:
             c.finished(now, Outcome.OK if ok else Outcome.FAILED, now - granted)
         if c.in_flight < c.limit and not self._limiter.rejoining:
             c.started(now)
+            # The answer may have ended an epoch that raised the limit: the room it made goes
+            # to those waiting (the starter), who have no release to wake them.
+            self._limiter.wake()
             return now
         self._limiter.wake()
         return None

@@ -424,7 +424,8 @@ async def _race_in_place(
         except AttemptFailed as failure:
             # Sent when the round began, on the loop's clock (uvloop's: whole ms, read once a
             # turn): converted to time.monotonic here, on failure, not read for every request.
-            _hear(tracker, failure, time.monotonic() - (loop.time() - began))
+            elapsed = loop.time() - began  # read first: the send time is not put too early
+            _hear(tracker, failure, time.monotonic() - elapsed)
             outcome = round_.stop()
             if outcome is None:  # the primary failed first
                 if not failure.retryable or round_.ears is None:  # no hedge went out
