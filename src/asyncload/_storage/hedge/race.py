@@ -75,11 +75,7 @@ class _Ears:
             return
         exc = fut.exception()
         if isinstance(exc, AttemptFailed):
-            self.failure(exc, self._unheard.pop(fut))
-
-    def failure(self, failure: AttemptFailed, sent: float) -> None:
-        """Hear *failure* of a copy sent at *sent*."""
-        _hear(self.tracker, failure, sent)
+            _hear(self.tracker, exc, self._unheard.pop(fut))
 
 
 def _hear(tracker: _Prefix, failure: AttemptFailed, sent: float) -> None:
