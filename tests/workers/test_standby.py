@@ -7,6 +7,7 @@ import gc
 import multiprocessing
 import os
 import signal
+import threading
 import time
 from typing import Any
 
@@ -15,6 +16,7 @@ import pytest
 
 import asyncload
 from asyncload._workers import StandbySlot
+from asyncload._workers import standby as standby_module
 from asyncload._workers.reaper import reaper
 
 from .._datasets import StoresBuilt, init_sets_aws_region
@@ -222,6 +224,42 @@ def test_a_slot_closed_while_starting_stops_what_it_started() -> None:
     assert not ({p.pid for p in worker_processes()} - before)
     slot.prepare(multiprocessing.get_context("forkserver"), 2)  # closed: starts nothing
     assert slot.take(multiprocessing.get_context("forkserver"), 2) is None
+
+
+def test_a_ctrl_c_inside_the_start_of_the_standby_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Thread.start() waits for the new thread to begin; a KeyboardInterrupt there leaves a
+    thread that begins a moment later. A program that goes on (a notebook's cell run again)
+    takes its set as usual, and the exit waits for it and stops what it started, rather than
+    tearing down the interpreter under a start that makes semaphores and processes."""
+    forkserver = multiprocessing.get_context("forkserver")
+    real_start = threading.Thread.start
+    cut: list[threading.Thread] = []
+
+    def start_then_ctrl_c(thread: threading.Thread) -> None:
+        if thread.name != "asyncload-standby":
+            real_start(thread)
+            return
+        cut.append(thread)
+        later = threading.Timer(0.1, real_start, args=(thread,))
+        later.daemon = True
+        later.start()
+        raise KeyboardInterrupt
+
+    before = {p.pid for p in worker_processes()}
+    monkeypatch.setattr(threading.Thread, "start", start_then_ctrl_c)
+    slot = StandbySlot()
+    with pytest.raises(KeyboardInterrupt):
+        slot.prepare(forkserver, 2)
+    standby = slot.take(forkserver, 2)  # join() raised here: the thread had not begun
+    assert standby is not None
+    assert len(standby.procs) == 2
+    standby.close()
+    with pytest.raises(KeyboardInterrupt):
+        slot.prepare(forkserver, 2)
+    assert cut[-1] in standby_module._starting, "the exit would not wait for this start"
+    slot.close(wait=True)  # as at exit: waits for the start, then stops what it started
+    assert not cut[-1].is_alive()
+    assert not ({p.pid for p in worker_processes()} - before)
 
 
 @pytest.mark.usefixtures("clean_storage")

@@ -168,11 +168,15 @@ class StandbySlot:
                 budget.release(self)
                 return
             self._thread = thread
+        # Before start(): a Ctrl-C inside start() (it waits for the thread to begin) leaves a
+        # thread that runs all the same, and the exit must wait for it (_close_at_exit).
+        _starting.add(thread)
         # Not under the lock: a finalizer of this slot's loader may run on a thread that holds
         # threading's start lock (a collection inside Thread.start()) and wait for ours.
         try:
             thread.start()
         except RuntimeError:  # no thread to be had: the next pass starts its own workers
+            _starting.discard(thread)
             with self._lock:
                 if self._thread is thread:
                     self._thread = None
@@ -200,7 +204,6 @@ class StandbySlot:
     def _start(
         self, context: Any, count: int, storage: StorageConfig | None, pool_size: int
     ) -> None:
-        _starting.add(threading.current_thread())
         try:
             self._start_set(context, count, storage, pool_size)
         finally:
@@ -230,7 +233,7 @@ class StandbySlot:
         with self._lock:
             thread = self._thread
         if thread is not None:
-            thread.join(JOIN_TIMEOUT)  # a start that hangs is left behind: it stops its own
+            _join(thread, JOIN_TIMEOUT)  # a start that hangs is left behind: it stops its own
         with self._lock:
             self._thread = None
             standby, self._standby = self._standby, None
@@ -284,7 +287,7 @@ class StandbySlot:
             if not wait:
                 self._thread = None
         if wait and thread is not None:
-            thread.join(JOIN_TIMEOUT)
+            _join(thread, JOIN_TIMEOUT)
             reaper.drain(JOIN_TIMEOUT + 5)  # the stop the start handed over when it ended
         with self._lock:
             standby, self._standby = self._standby, None
@@ -298,14 +301,30 @@ class StandbySlot:
 _slots: weakref.WeakSet[StandbySlot] = weakref.WeakSet()
 # Starts under way, also those of slots already collected: at exit each must end before the
 # interpreter tears down what it uses (a start cut off mid-way leaves the forkserver printing
-# an EOFError), and what it started is then stopped.
+# an EOFError, or a semaphore made after multiprocessing's exit handler ran, which the
+# resource tracker then calls leaked), and what it started is then stopped.
 _starting: set[threading.Thread] = set()
+
+
+def _join(thread: threading.Thread, timeout: float) -> None:
+    """``thread.join(timeout)``, also for a thread whose ``start()`` a KeyboardInterrupt cut
+    short: it may not have begun yet, and join() would raise. One that never will (the
+    interrupt came before the OS thread) is waited for until *timeout*: the two look alike."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            thread.join(max(0.0, deadline - time.monotonic()))
+            return
+        except RuntimeError:  # "cannot join thread before it is started"
+            if time.monotonic() >= deadline:
+                return
+            time.sleep(0.005)
 
 
 def _close_at_exit() -> None:
     deadline = time.monotonic() + JOIN_TIMEOUT
     for thread in list(_starting):
-        thread.join(max(0.0, deadline - time.monotonic()))
+        _join(thread, max(0.0, deadline - time.monotonic()))
     for slot in list(_slots):
         if slot._pid != os.getpid():  # a copy in a child made by os.fork(): not its processes
             continue
@@ -320,6 +339,7 @@ def _forget_in_child() -> None:
     # built here) must not take the parent's standby processes as its own, nor push them out of
     # a budget, which would stop them under the parent's passes.
     budget.forget()
+    _starting.clear()  # the parent's threads: none runs here
     for slot in list(_slots):
         slot.forget()
 
