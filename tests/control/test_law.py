@@ -537,3 +537,13 @@ async def test_a_cancelled_waiter_gives_its_slot_back() -> None:
     assert limiter.controller.in_flight == 0
     await asyncio.wait_for(limiter.acquire(), 5)  # the slot is free
     assert limiter.controller.in_flight == 1
+
+
+def test_start_if_room_starts_while_fewer_than_the_limit_are_in_flight() -> None:
+    c = _auto(config=ControlConfig(initial=5))
+    assert [c.start_if_room(0.0) for _ in range(6)] == [True] * 5 + [False]
+    assert c.in_flight == c.limit == 5
+    c.finished(0.01, Outcome.OK, 0.01)
+    assert c.start_if_room(0.01)
+    assert not c.start_if_room(0.01)
+    assert c.stats(0.02).peak_in_flight == 5

@@ -249,9 +249,21 @@ class LimitController:
 
     def started(self, now: float) -> None:
         """A request was sent at *now* (the caller checked ``in_flight < limit``)."""
-        self._in_flight += 1
-        self._peak = max(self._peak, self._in_flight)
-        self._epoch_peak = max(self._epoch_peak, self._in_flight)
+        # Once per request: comparisons, not max() calls (a peak is never below the epoch's).
+        n = self._in_flight = self._in_flight + 1
+        if n > self._epoch_peak:
+            self._epoch_peak = n
+            if n > self._peak:
+                self._peak = n
+
+    def start_if_room(self, now: float) -> bool:
+        """``started(now)`` if fewer than ``limit`` requests are in flight; whether it was:
+        the check and the start in one call, for a caller that does both per request."""
+        n = self._in_flight
+        if n >= 1 and n >= int(self._limit):  # n >= limit, as the property has it
+            return False
+        self.started(now)
+        return True
 
     def finished(
         self,
@@ -269,7 +281,8 @@ class LimitController:
             retry_after: The server's ``Retry-After`` in seconds, if it sent one; such an
                 answer counts as a throttle whatever its status.
         """
-        self._in_flight = max(0, self._in_flight - 1)
+        if self._in_flight > 0:
+            self._in_flight -= 1
         self._requests += 1
         if outcome is Outcome.THROTTLED or retry_after is not None:
             self._throttled += 1
@@ -284,29 +297,36 @@ class LimitController:
             # Sent before this epoch, under the limit before: its latency tells about that
             # one (Vegas measures each window with its own requests).
             return
-        self._epoch_latencies.append(latency)
+        latencies = self._epoch_latencies
+        latencies.append(latency)
         cfg = self.config
-        if self._slow_start and self._probe_return is None:
-            self._epoch_fastest = min(self._epoch_fastest, latency)
-            if (
-                self._doubled
-                and self._last_fastest is not None
-                and len(self._epoch_latencies) >= cfg.rise_samples
-                and self._epoch_fastest > cfg.rise * self._last_fastest
-            ):
-                self._rose(now)
-                return
         if self._probe_return is not None:
             needed = cfg.probe_limit  # one round trip at the probe's load
         else:
-            needed = min(cfg.max_samples, max(cfg.min_samples, int(self._limit)))
-        if len(self._epoch_latencies) >= needed:
+            if self._slow_start:
+                if latency < self._epoch_fastest:
+                    self._epoch_fastest = latency
+                if (
+                    self._doubled
+                    and self._last_fastest is not None
+                    and len(latencies) >= cfg.rise_samples
+                    and self._epoch_fastest > cfg.rise * self._last_fastest
+                ):
+                    self._rose(now)
+                    return
+            needed = int(self._limit)
+            if needed < cfg.min_samples:
+                needed = cfg.min_samples
+            if needed > cfg.max_samples:
+                needed = cfg.max_samples
+        if len(latencies) >= needed:
             self._end_epoch(now)
 
     def returned(self) -> None:
         """A slot ``started`` but never used (nothing was sent, or it was cancelled before an
         answer): it is free again, and there is no answer to learn from."""
-        self._in_flight = max(0, self._in_flight - 1)
+        if self._in_flight > 0:
+            self._in_flight -= 1
 
     def throttled(self, now: float, sent: float, retry_after: float | None = None) -> None:
         """A request sent at *sent* was told "too many" at *now* and is being retried (or was

@@ -54,6 +54,8 @@ LOADER_CEILING = 1024
 samples at once, a whole epoch of ``bench_gpu``, and trained 0.62 of the GPU's ceiling where a
 fixed 128 each trained 0.71 (H200, 2026-11-26)."""
 MIN_CEILING = 64
+# Read once per sample: module constants, not an Enum's attribute lookups.
+_OK, _FAILED = Outcome.OK, Outcome.FAILED
 
 
 def auto_ceiling(num_workers: int) -> int:
@@ -175,7 +177,7 @@ class Slots:
             return
         now = time.monotonic()
         self._note_load(now)
-        self._limiter.release(Outcome.OK if ok else Outcome.FAILED, now - granted)
+        self._limiter.release(_OK if ok else _FAILED, now - granted)
 
     def handoff(self, granted: float, ok: bool | None) -> float | None:
         """The holder of a slot finished a sample (granted at *granted*): may it take the next
@@ -192,21 +194,21 @@ class Slots:
             now = time.monotonic()
             self._load.sample(now)
             return now
-        assert self._limiter is not None
-        c = self._limiter.controller
+        limiter = self._limiter
+        assert limiter is not None
+        c = limiter.controller
         now = time.monotonic()
         if ok is None:
             c.returned()
         else:
             self._note_load(now)
-            c.finished(now, Outcome.OK if ok else Outcome.FAILED, now - granted)
-        if c.in_flight < c.limit and not self._limiter.rejoining:
-            c.started(now)
-            # The answer may have ended an epoch that raised the limit: the room it made goes
-            # to those waiting (the starter), who have no release to wake them.
-            self._limiter.wake()
+            c.finished(now, _OK if ok else _FAILED, now - granted)
+        # The answer may have ended an epoch that raised the limit: wake() gives the room it
+        # made to those waiting (the starter), who have no release to wake them.
+        if not limiter.rejoining and c.start_if_room(now):
+            limiter.wake()
             return now
-        self._limiter.wake()
+        limiter.wake()
         return None
 
     @property
