@@ -378,6 +378,24 @@ def test_every_pass_starts_with_its_head_batch_alone(monkeypatch: pytest.MonkeyP
     assert min(ds.started[i] for i in range(3, 9)) - head >= 0.19
 
 
+def test_a_slot_freed_during_the_head_start_takes_nothing_of_the_next_batch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Two slots: one waits on sample 0, the other runs through 3-6 and finds the line empty
+    # while the hold lasts. The next batch waiting in the queue is not its to start.
+    monkeypatch.setattr(_engine_map, "HEAD_START", 0.2)
+    ds = Gated(12)
+
+    async def main() -> list[Any]:
+        asyncio.get_running_loop().call_later(0.6, ds.gate.set)
+        tasks = [IndexTask(0, 0, [0, 3, 4, 5, 6]), IndexTask(1, 0, [7, 8, 9])]
+        return await _run(_config(ds, max_concurrency=2), tasks)
+
+    out = asyncio.run(main())
+    assert {r.send_idx: r.data for r in out} == {0: [0, 3, 4, 5, 6], 1: [7, 8, 9]}
+    assert min(ds.started[i] for i in (7, 8, 9)) - ds.started[0] >= 0.19
+
+
 class _Recording(asyncload.Dataset[int]):
     """Index *i* returns *i* after *delay* s; records the order samples start in, and the task
     that fetched each."""
@@ -409,6 +427,20 @@ def test_a_freed_slot_fetches_the_next_sample_in_line_in_its_own_task() -> None:
     # A new task only where the line ran dry (between batches): one per slot at most each time,
     # not one per sample.
     assert len({id(t) for t in ds.tasks.values()}) <= 4 * (1 + 5)
+
+
+def test_slots_go_on_into_the_batches_waiting_rather_than_end_at_each_one() -> None:
+    # Every holder ended where its batch's line ran dry, and the starter began a task per slot
+    # for the next batch: at each batch, all of a worker's tasks ended and began anew.
+    ds = _Recording(60)
+    tasks = [IndexTask(k, 0, list(range(12 * k, 12 * k + 12))) for k in range(5)]
+    out = asyncio.run(_run(_config(ds, max_concurrency=4), list(tasks)))
+    assert {r.send_idx: r.data for r in out} == {
+        k: list(range(12 * k, 12 * k + 12)) for k in range(5)
+    }
+    assert ds.started == list(range(60))
+    # The head batch's slots end with its hold (HEAD_START); then one set for the rest.
+    assert len({id(t) for t in ds.tasks.values()}) <= 2 * 4
 
 
 def test_a_slot_skips_the_rest_of_a_failed_batch() -> None:

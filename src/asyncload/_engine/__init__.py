@@ -91,6 +91,7 @@ class Engine(MapFetching, IterFetching):
         # Set before anything is cancelled: _pump catches its own cancellation and only gives
         # up (rather than wait on a full queue) because _as_failure re-raises while this is set.
         self._cancelling = True
+        self._refill_ok = False  # the next pass's starter opens it again
         self._line.clear()  # a slot that outlives its cancellation must not go on to these
         try:
             # What starts fetches stops first (the iterable pump with it): then no fetch can

@@ -114,6 +114,10 @@ class EngineCore:
         self._batches: asyncio.Queue[IndexTask] = asyncio.Queue()
         # Samples of the batch being started that wait for a slot (_map.MapFetching._run_slot).
         self._line: collections.deque[Any] = collections.deque()
+        # Whether a slot's holder that finds the line empty moves the next batch waiting in
+        # _batches into it itself (_map.MapFetching._refill): not while a pass's first batch
+        # has the worker to itself (HEAD_START), nor while the starter waits for one.
+        self._refill_ok = False
         self._starter: asyncio.Task[None] | None = None
         self._cancelling = False  # True while the engine itself cancels its tasks
         self._last_stats = 0.0

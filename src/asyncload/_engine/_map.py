@@ -2,7 +2,8 @@
 
 A batch starts as soon as fetch slots free up, before the previous one completes, and is
 collated the moment its last sample lands. A pass's first batch starts alone (``HEAD_START``).
-A slot is a task: when its sample is done it goes on to the next sample waiting in line.
+A slot is a task: when its sample is done it goes on to the next sample waiting in line, of
+its batch or of the next one waiting (``_refill``).
 """
 
 from __future__ import annotations
@@ -50,30 +51,28 @@ class MapFetching(EngineCore):
     """Answers ``IndexTask``s: the engine's map-style half."""
 
     async def _start(self) -> None:
-        head = await self._start_batch(await self._batches.get())  # a new pass's first batch
+        # A new pass's first batch, alone for HEAD_START: _refill_ok stays False meanwhile.
+        head = await self._start_batch(await self._batches.get(), head=True)
         if head:
             await asyncio.wait(head, timeout=HEAD_START)
         while True:
+            self._refill_ok = False  # the batch that comes next is this task's to start
             await self._start_batch(await self._batches.get())
 
-    async def _start_batch(self, task: IndexTask) -> list[asyncio.Task[Any]]:
-        """Start fetching *task*'s samples; the tasks that fetch them."""
-        indices = task.indices
-        if not self.cfg.auto_collation:
-            indices = [indices]
-        elif isinstance(indices, np.ndarray):
-            indices = indices.tolist()
-        batch = _Batch(task, len(indices))
-        if not indices:
-            self._deliver(task.send_idx, [])
-            return []
+    async def _start_batch(self, task: IndexTask, *, head: bool = False) -> list[asyncio.Task[Any]]:
+        """Start fetching *task*'s samples, and those of the batches a holder moves into the
+        line meanwhile (``_refill``); the tasks this started."""
         if self._fetch_batch is not None:
+            batch, indices = self._batch_of(task)
+            if not indices:
+                return []
             granted = await self._sem.acquire()
             self.recorder.in_flight += 1
             return [self._spawn(self._fetch_many(batch, indices, granted))]
-        started = []
+        started: list[asyncio.Task[Any]] = []
         line = self._line
-        line.extend((batch, pos, index) for pos, index in enumerate(indices))
+        self._enqueue(task)
+        self._refill_ok = not head
         while line:
             # Waiting here is the backpressure: the next batch starts as soon as slots free up,
             # before this one completes. A slot's holder takes the next sample in line itself
@@ -87,10 +86,45 @@ class MapFetching(EngineCore):
             started.append(self._spawn(self._run_slot(item, granted)))
         return started
 
+    def _batch_of(self, task: IndexTask) -> tuple[_Batch, list[Any]]:
+        """*task* as a batch to fill and its indices; an empty one is answered here."""
+        indices = task.indices
+        if not self.cfg.auto_collation:
+            indices = [indices]
+        elif isinstance(indices, np.ndarray):
+            indices = indices.tolist()
+        if not indices:
+            self._deliver(task.send_idx, [])
+        return _Batch(task, len(indices)), indices
+
+    def _enqueue(self, task: IndexTask) -> bool:
+        """Put *task*'s samples in line; whether it has any."""
+        batch, indices = self._batch_of(task)
+        self._line.extend((batch, pos, index) for pos, index in enumerate(indices))
+        return bool(indices)
+
+    def _refill(self) -> bool:
+        """Move the next batch waiting for the starter into the empty line, if the starter is
+        busy (it waits for a slot) and the pass's head start is over; whether one was moved.
+
+        A holder that found the line empty ended, and the starter took the next batch and
+        started a task per slot again: at every batch the worker's tasks all ended and began
+        anew (7 per batch of 32 on the in-memory store, and the starter woken for each).
+        """
+        batches = self._batches
+        while self._refill_ok and not batches.empty():
+            if self._enqueue(batches.get_nowait()):
+                return True
+        return False
+
+    def _waiting(self) -> bool:
+        """Whether a sample waits for a slot: in line, or in a batch ``_refill`` would move."""
+        return bool(self._line) or (self._refill_ok and not self._batches.empty())
+
     def _next_in_line(self) -> tuple[_Batch, int, Any] | None:
         """The next sample waiting for a slot (counted in flight); ``None``: none waits."""
         line = self._line
-        while line and not self._cancelling:
+        while not self._cancelling and (line or self._refill()):
             item: tuple[_Batch, int, Any] = line.popleft()
             if not item[0].failed:  # a failed batch's other samples are not fetched
                 self.recorder.in_flight += 1
@@ -98,7 +132,8 @@ class MapFetching(EngineCore):
         return None
 
     async def _run_slot(self, first: tuple[_Batch, int, Any], granted: float) -> None:
-        """Fetch *first*, then the samples next in line, in this task, holding one slot.
+        """Fetch *first*, then the samples next in line (of this batch and, once they are
+        all started, of the next ones: ``_refill``), in this task, holding one slot.
 
         Keeping the slot for the next sample, rather than releasing it to the starter that
         then starts a task, saves the next sample two turns of a busy loop (1-2 ms of its ~55
@@ -115,7 +150,7 @@ class MapFetching(EngineCore):
                 ok = await self._fetch_one(*item)
                 # Asked before the next sample is taken from the line: a task that waited for
                 # a slot holding it made every later one wait in turn (Held.keep).
-                if not self._line or not slot.keep(ok):
+                if not self._waiting() or not slot.keep(ok):
                     break
                 ok = None  # told by keep
                 item = self._next_in_line()
