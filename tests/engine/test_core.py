@@ -429,9 +429,13 @@ def test_a_freed_slot_fetches_the_next_sample_in_line_in_its_own_task() -> None:
     assert len({id(t) for t in ds.tasks.values()}) <= 4 * (1 + 5)
 
 
-def test_slots_go_on_into_the_batches_waiting_rather_than_end_at_each_one() -> None:
+def test_slots_go_on_into_the_batches_waiting_rather_than_end_at_each_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     # Every holder ended where its batch's line ran dry, and the starter began a task per slot
     # for the next batch: at each batch, all of a worker's tasks ended and began anew.
+    # The head batch's hold then ends with it, not while its last holders still run.
+    monkeypatch.setattr(_engine_map, "HEAD_START", 5.0)
     ds = _Recording(60)
     tasks = [IndexTask(k, 0, list(range(12 * k, 12 * k + 12))) for k in range(5)]
     out = asyncio.run(_run(_config(ds, max_concurrency=4), list(tasks)))

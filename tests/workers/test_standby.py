@@ -262,6 +262,31 @@ def test_a_ctrl_c_inside_the_start_of_the_standby_thread(monkeypatch: pytest.Mon
     assert not ({p.pid for p in worker_processes()} - before)
 
 
+def test_a_ctrl_c_before_the_standby_thread_exists_costs_a_moment_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A KeyboardInterrupt inside start() before its OS thread was made: a thread that never
+    begins. The next pass waits a moment for it (the two look alike), then forgets it, and
+    the exit does not wait for it again."""
+    forkserver = multiprocessing.get_context("forkserver")
+    cut: list[threading.Thread] = []
+
+    def ctrl_c_first(thread: threading.Thread) -> None:
+        cut.append(thread)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(threading.Thread, "start", ctrl_c_first)
+    slot = StandbySlot()
+    with pytest.raises(KeyboardInterrupt):
+        slot.prepare(forkserver, 2)
+    monkeypatch.undo()
+    t0 = time.monotonic()
+    assert slot.take(forkserver, 2) is None
+    assert time.monotonic() - t0 < standby_module._BEGIN_GRACE + 1
+    assert cut[0] not in standby_module._starting
+    slot.close()
+
+
 @pytest.mark.usefixtures("clean_storage")
 def test_standby_processes_build_the_configured_stores_before_their_pass() -> None:
     pytest.importorskip("obstore", reason="obstore (asyncload-torch[s3]) is not installed")

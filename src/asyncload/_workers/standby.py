@@ -175,7 +175,7 @@ class StandbySlot:
         # threading's start lock (a collection inside Thread.start()) and wait for ours.
         try:
             thread.start()
-        except RuntimeError:  # no thread to be had: the next pass starts its own workers
+        except Exception:  # no thread to be had (RuntimeError): the next pass starts its own
             _starting.discard(thread)
             with self._lock:
                 if self._thread is thread:
@@ -306,17 +306,26 @@ _slots: weakref.WeakSet[StandbySlot] = weakref.WeakSet()
 _starting: set[threading.Thread] = set()
 
 
+# How long a standby thread whose start() was cut short may take to begin: one whose OS
+# thread exists begins within milliseconds, even on a busy machine.
+_BEGIN_GRACE = 1.0
+
+
 def _join(thread: threading.Thread, timeout: float) -> None:
     """``thread.join(timeout)``, also for a thread whose ``start()`` a KeyboardInterrupt cut
-    short: it may not have begun yet, and join() would raise. One that never will (the
-    interrupt came before the OS thread) is waited for until *timeout*: the two look alike."""
+    short: it may not have begun yet, and join() would raise. One that has not begun within
+    ``_BEGIN_GRACE`` never will (the interrupt came before its OS thread): it is forgotten."""
+    if thread is threading.current_thread():
+        raise RuntimeError("a standby start cannot wait for itself")
     deadline = time.monotonic() + timeout
+    begin_by = time.monotonic() + min(timeout, _BEGIN_GRACE)
     while True:
         try:
             thread.join(max(0.0, deadline - time.monotonic()))
             return
         except RuntimeError:  # "cannot join thread before it is started"
-            if time.monotonic() >= deadline:
+            if time.monotonic() >= begin_by:
+                _starting.discard(thread)
                 return
             time.sleep(0.005)
 
