@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import asyncload
-from asyncload._control import LimitState
+from asyncload._control import LimitController, LimitState
 from asyncload._control import aside as _aside
 from asyncload._engine import Engine, WorkerConfig
 from asyncload._engine.slots import (
@@ -77,6 +77,13 @@ class Store(asyncload.Dataset[int]):
             return index
         finally:
             self.in_flight -= 1
+
+
+def _adaptive(initial: int) -> tuple[Slots, LimitController]:
+    """Adaptive slots starting at *initial*, and their controller."""
+    slots = Slots(None, initial=initial)
+    assert slots.controller is not None
+    return slots, slots.controller
 
 
 def _config(dataset: Any, max_concurrency: int | None, batch_size: int = 8) -> WorkerConfig:
@@ -243,9 +250,7 @@ def test_a_slot_is_handed_on_only_while_the_limit_allows() -> None:
 @pytest.mark.timeout(10)
 def test_a_holder_refused_its_slot_leaves_it_to_a_rejoining_sample_and_waits_for_none() -> None:
     async def main() -> None:
-        slots = Slots(None, initial=3)
-        c = slots.controller
-        assert c is not None
+        slots, c = _adaptive(3)
         a, b = Held(slots, await slots.acquire()), Held(slots, await slots.acquire())
         retry = Held(slots, await slots.acquire())
         assert retry.leave()  # a retry's backoff: its slot goes back ...
@@ -275,9 +280,7 @@ def test_a_holder_refused_its_slot_leaves_it_to_a_rejoining_sample_and_waits_for
 @pytest.mark.timeout(10)
 def test_a_holder_keeps_its_slot_though_others_wait_and_a_limit_that_grew_lets_them_in() -> None:
     async def main() -> None:
-        slots = Slots(None, initial=8)
-        c = slots.controller
-        assert c is not None
+        slots, c = _adaptive(8)
         held = [Held(slots, await slots.acquire()) for _ in range(8)]
         starter = asyncio.ensure_future(slots.acquire())  # the next sample in line waits
         await asyncio.sleep(0)
@@ -451,9 +454,7 @@ def test_a_slot_given_back_unused_teaches_nothing() -> None:
 @pytest.mark.timeout(10)
 def test_a_retry_waits_outside_its_slot_and_takes_one_again_first() -> None:
     async def main() -> None:
-        slots = Slots(None, initial=2)
-        c = slots.controller
-        assert c is not None
+        slots, c = _adaptive(2)
         first = Held(slots, await slots.acquire())
         other = await slots.acquire()
 
@@ -551,9 +552,7 @@ def test_samples_waiting_to_retry_hold_no_slot() -> None:
 @pytest.mark.timeout(10)
 def test_a_task_left_running_by_its_sample_never_keeps_a_slot() -> None:
     async def main() -> None:
-        slots = Slots(None, initial=4)
-        c = slots.controller
-        assert c is not None
+        slots, c = _adaptive(4)
         held = Held(slots, await slots.acquire())
 
         async def stray() -> None:  # started by a sample, outlives it, and backs off
@@ -574,9 +573,7 @@ def test_a_task_left_running_by_its_sample_never_keeps_a_slot() -> None:
 @pytest.mark.timeout(10)
 def test_slots_given_back_are_taken_again_in_the_order_they_were_given() -> None:
     async def main() -> None:
-        slots = Slots(None, initial=1)
-        c = slots.controller
-        assert c is not None
+        slots, c = _adaptive(1)
         granted = await slots.acquire()
         order: list[str] = []
 

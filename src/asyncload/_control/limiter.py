@@ -65,8 +65,7 @@ class AdaptiveLimiter:
         c = self.controller
         line = self._firsts if first else self._waiters
         ahead = self._firsts or (not first and self._waiters)  # who would go before it
-        if not ahead and c.in_flight < c.limit:
-            c.started(self._now())
+        if not ahead and c.start_if_room(self._now()):
             return
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         line.append(waiter)

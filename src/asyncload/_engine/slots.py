@@ -203,13 +203,11 @@ class Slots:
         else:
             self._note_load(now)
             c.finished(now, _OK if ok else _FAILED, now - granted)
+        kept = not limiter.rejoining and c.start_if_room(now)
         # The answer may have ended an epoch that raised the limit: wake() gives the room it
         # made to those waiting (the starter), who have no release to wake them.
-        if not limiter.rejoining and c.start_if_room(now):
-            limiter.wake()
-            return now
         limiter.wake()
-        return None
+        return now if kept else None
 
     @property
     def cpu_bound_s(self) -> float:
