@@ -7,6 +7,7 @@ import dataclasses
 import os
 import time
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -192,6 +193,42 @@ class Segfault(asyncload.Dataset[int]):
 
             ctypes.string_at(0)
         return index
+
+
+class DiesHoldingLocks(asyncload.Dataset[int]):
+    """At index `die`, its worker takes every multiprocessing lock it takes in its work (the
+    write side of the queue it sends on, the read side of the one it reads, any other it can
+    reach), writes the time to the file `stamp`, and SIGKILLs itself: a worker killed at the
+    worst moment. The other indices sleep a little, so that the other workers are busy sending
+    results when it dies."""
+
+    def __init__(self, n: int, die: int, stamp: str) -> None:
+        self.n, self.die, self.stamp = n, die, stamp
+
+    def __len__(self) -> int:
+        return self.n
+
+    async def __getitem__(self, index: int) -> int:
+        if index != self.die:
+            await asyncio.sleep(0.01)
+            return index
+        import gc
+        import multiprocessing.queues as mp_queues
+        import multiprocessing.synchronize as mp_sync
+        import signal
+
+        gc.unfreeze()  # the worker froze what it had at start-up: the queues are there
+        found = gc.get_objects()
+        queues = [q for q in found if type(q) is mp_queues.Queue]
+        for q in queues:  # a queue it has sent on has a feeder thread
+            (q._wlock if q._thread is not None else q._rlock).acquire(False)
+        of_queues = {id(lock) for q in queues for lock in (q._rlock, q._wlock)}
+        for obj in found:
+            if type(obj) in (mp_sync.Lock, mp_sync.RLock) and id(obj) not in of_queues:
+                obj.acquire(False)
+        Path(self.stamp).write_text(repr(time.time()))  # noqa: ASYNC240 - it dies next
+        os.kill(os.getpid(), signal.SIGKILL)
+        raise AssertionError("unreachable")
 
 
 def init_marks_worker(worker_id: int) -> None:

@@ -24,6 +24,7 @@ from asyncload._workers.stop import DoneFlag, release_elsewhere
 from .._datasets import (
     BigTensors,
     CancelsItself,
+    DiesHoldingLocks,
     Numbers,
     Segfault,
     Sleepy,
@@ -110,6 +111,19 @@ def test_killed_worker_raises_naming_pid_and_signal() -> None:
     assert info.value.pid == victim
     assert info.value.exitcode == -signal.SIGKILL
     assert isinstance(info.value, RuntimeError)
+
+
+def test_a_worker_killed_holding_every_shared_lock_is_reported_at_once(tmp_path: Path) -> None:
+    """A worker killed while it held a lock the others share (a queue's, the done signal's
+    once) must not keep them, and so the stop, waiting: the error comes within a second or
+    two of its death, not after the stop's timeouts (6 s), and nothing is left behind."""
+    stamp = tmp_path / "died"
+    loader = asyncload.DataLoader(
+        DiesHoldingLocks(400, die=121, stamp=str(stamp)), batch_size=2, num_workers=2
+    )
+    with pytest.raises(asyncload.WorkerError, match=r"worker 0 \(pid \d+\).*SIGKILL"):
+        _drain(loader)
+    assert time.time() - float(stamp.read_text()) < 2.5
 
 
 def test_segfault_in_a_worker_raises_naming_the_signal() -> None:
@@ -523,8 +537,9 @@ class _Finalized:
         return ran_in
 
 
-def _spin_until_done(done: Any) -> None:
+def _spin_until_done(done: Any, started: Any) -> None:
     """A worker's reads of the done signal, back to back, for 20 s at most."""
+    started.put(os.getpid())
     deadline = time.monotonic() + 20
     while not done.is_set():
         if time.monotonic() > deadline:
@@ -538,18 +553,20 @@ def test_a_worker_killed_while_it_reads_the_done_signal_cannot_block_the_stop(
     method: str,
 ) -> None:
     """A ``multiprocessing.Event`` takes a lock shared by every process on each read: a worker
-    killed while it held it left it held for good, and the next ``set()`` (the reaper stopping
-    the pass) waited for ever. ``DoneFlag.set`` gives up instead; the stop then kills the
-    workers that cannot see it."""
+    killed while it held it left it held for good. The next ``set()`` (the reaper stopping the
+    pass) waited for ever, or, once bounded, the other workers never saw it and were killed
+    after ``JOIN_TIMEOUT``. ``DoneFlag`` has no lock: the other reader sees it at once."""
     import multiprocessing
 
     ctx = multiprocessing.get_context(method)
     for _ in range(4):
         done = DoneFlag(ctx)
-        victim = ctx.Process(target=_spin_until_done, args=(done,), daemon=True)
-        other = ctx.Process(target=_spin_until_done, args=(done,), daemon=True)
+        started = ctx.Queue()
+        victim = ctx.Process(target=_spin_until_done, args=(done, started), daemon=True)
+        other = ctx.Process(target=_spin_until_done, args=(done, started), daemon=True)
         victim.start()
         other.start()
+        assert {started.get(timeout=30), started.get(timeout=30)} == {victim.pid, other.pid}
         time.sleep(0.3)  # both reading it back to back
         os.kill(victim.pid, signal.SIGKILL)
         victim.join(5)
@@ -558,10 +575,11 @@ def test_a_worker_killed_while_it_reads_the_done_signal_cannot_block_the_stop(
         setter.start()
         setter.join(5)
         assert not setter.is_alive(), "set() waited on a lock a killed process held"
-        assert time.monotonic() - began < 3
-        other.join(2)
-        if other.is_alive():  # blocked on the lock the victim held: the stop kills it
+        assert time.monotonic() - began < 1
+        other.join(5)
+        if other.is_alive():  # pragma: no cover - the failure: tidy up, then say so
             other.kill()
             other.join(5)
-        assert not other.is_alive()
+        assert other.exitcode == 0, "the other reader did not see the signal"
+        started.close()
         assert victim.exitcode == -signal.SIGKILL

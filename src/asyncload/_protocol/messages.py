@@ -49,8 +49,9 @@ and waits for it (a finalizer does not wait): NOTE [ Who stops workers ] in
 ``_workers._stop.stop_processes`` (which also stops standby processes no pass took), is the
 shutdown sequence:
 
-1. set ``done_event`` (workers stop putting results; pin thread stops), giving up after a
-   second if a killed worker left the event's lock taken (``_workers/stop.py`` ``DoneFlag``);
+1. set ``done_event`` (workers stop putting results; pin thread stops): a byte of shared
+   memory, which no lock guards, so a worker killed at any moment can't keep the others from
+   seeing it (``_workers/stop.py`` ``DoneFlag``);
 2. put ``Shutdown`` on every index queue; the worker's reader thread forwards it to the engine,
    which cancels its in-flight fetches, closes its storage clients and returns;
 3. join each worker for a few seconds, then ``terminate()``, then ``kill()``; unlink what a

@@ -8,7 +8,7 @@ Python runs signal handlers in the main thread only, at the next bytecode it exe
 bytecode belongs to a finalizer (a ``__del__``, a weakref callback), the ``KeyboardInterrupt``
 is printed as "Exception ignored in ..." and lost: the training loop goes on as if Ctrl-C had
 never been pressed. A pass's multiprocessing objects carry many finalizers (each queue's two
-connections and three semaphores, the done event's semaphores, each process's descriptors),
+connections and three semaphores, the done signal's shared memory, each process's descriptors),
 and without care they run in the main thread when the pass is dropped, every epoch::
 
     main thread:  close() ── stop processes ── let go ──► release_elsewhere(box)
@@ -23,6 +23,7 @@ training loop is left to lose a Ctrl-C, and a daemon thread could be cut off mid
 from __future__ import annotations
 
 import atexit
+import ctypes
 import multiprocessing.connection
 import multiprocessing.util  # its exit handler must be registered before ours (see the end)
 import os
@@ -50,16 +51,16 @@ JOIN_TIMEOUT = 5.0
 
 
 class DoneFlag:
-    """The "done" signal of a set of workers (step 1 of the shutdown): a
-    ``multiprocessing.Event`` whose ``set()`` gives up after ``timeout``.
+    """The "done" signal of a set of workers (step 1 of the shutdown): one byte of shared
+    memory, read and written without a lock.
 
-    An event's reads and its ``set()`` take a lock shared by every process, and a worker killed
-    (SIGKILL, a segfault) while it held that lock leaves it held for good. The next ``set()``,
-    the reaper stopping the pass, then waited for ever, and every later stop queued behind it
-    (a fresh clone's CI saw it after ``test_killed_worker_raises_naming_pid_and_signal``: 26
-    workers piled up). Now the stop goes on: the workers that wait on the same lock cannot see
-    the signal, and the stop kills them after ``JOIN_TIMEOUT``, as any worker that does not
-    exit.
+    A ``multiprocessing.Event`` takes a lock shared by every process for each read, and a
+    worker killed (SIGKILL, a segfault) while it held that lock left it held for good: the
+    other workers, which read the event before every result they send, stopped there, never saw
+    the signal, and were killed only after ``JOIN_TIMEOUT`` (a fresh clone's CI saw
+    ``test_killed_worker_raises_naming_pid_and_signal`` take 6.3 s; earlier, before ``set()``
+    was bounded, 26 workers piled up behind it). One byte needs no lock: a read or a write of it
+    is whole, and no process can die holding anything.
 
     Examples:
         >>> import multiprocessing
@@ -67,33 +68,21 @@ class DoneFlag:
         >>> done.is_set()
         False
         >>> done.set()
-        True
         >>> done.is_set()
         True
     """
 
-    __slots__ = ("_event",)
+    __slots__ = ("_byte",)
 
     def __init__(self, context: Any) -> None:
-        self._event = context.Event()  # reaches the workers in their arguments
+        # Reaches the workers in their arguments (an fd of multiprocessing's shared heap).
+        self._byte = context.RawValue(ctypes.c_bool, False)
 
     def is_set(self) -> bool:
-        return bool(self._event.is_set())
+        return bool(self._byte.value)
 
-    def set(self, timeout: float = 1.0) -> bool:
-        """``Event.set()``, unless its lock stays taken for *timeout* seconds (a killed worker
-        holds it); whether it was set."""
-        event = self._event
-        cond = event._cond  # multiprocessing.synchronize.Event's own parts: its set(), bounded
-        if not cond.acquire(True, timeout):
-            return False
-        try:
-            event._flag.acquire(False)
-            event._flag.release()
-            cond.notify_all()  # nobody waits on it (workers poll): wakes no one
-        finally:
-            cond.release()
-        return True
+    def set(self) -> None:
+        self._byte.value = True
 
 
 def shared_polling(proc: Any) -> None:
