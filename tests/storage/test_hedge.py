@@ -85,6 +85,30 @@ async def test_a_straggler_is_hedged_and_the_fast_copy_wins(http_server: ObjectS
     await asyncload.aclose()
 
 
+async def test_the_delay_is_learned_from_requests_out_of_the_pool_s_line(
+    http_server: ObjectServer,
+) -> None:
+    # 40 reads at once through 2 connections at 50 ms: each takes 50 ms once it has a
+    # connection, and the last waited ~1 s in the pool's line for one. The delay is learned
+    # from the former (the hedge timer does not run in the line either); timed from the
+    # round's start, it was the line's length, and a straggler waited that long for its hedge.
+    saved = _storage.pool_size()
+    _storage.set_pool_size(2)
+    try:
+        policy = asyncload.Hedge(budget=0.05, min_delay=0.0)
+        _storage.configure(http_server.url, hedge=policy)
+        http_server.latency = 0.05
+        urls = [http_server.put(f"line/{i}", body(i)) for i in range(40)]
+        got, when = await _read_all(urls)
+        assert got == [body(i) for i in range(40)]
+        assert max(when) > 0.9  # they did wait in line
+        tracker = _hedge._latency.prefix_of(urls[0], _storage.options_for(urls[0]))
+        assert 0.05 <= tracker.delay < 0.3
+    finally:
+        _storage.set_pool_size(saved)
+        await asyncload.aclose()
+
+
 async def test_hedges_do_not_queue_behind_a_full_pool_of_stragglers(
     http_server: ObjectServer,
 ) -> None:
@@ -714,9 +738,12 @@ async def test_a_response_that_stops_is_hedged_and_its_connection_released(
     # overtake them) and they waited for the read timeout; a learned prefix gave most of its
     # budget to requests waiting in the pool's line for a connection, which are no stragglers
     # (here 6 of its 10 tokens; with fewer tokens, 2 of the 4 waited for the read timeout).
-    budget = asyncload.Hedge(budget=0.05, min_delay=0.02)
+    # 50 ms requests and a 150 ms floor: one that a busy machine slowed by some tens of ms is
+    # no straggler here (at 10 ms and a 20 ms floor, a loaded CI hedged five of them too). The
+    # line still holds the wave's last requests ~0.35 s, longer than the floor.
+    budget = asyncload.Hedge(budget=0.05, min_delay=0.15)
     _storage.configure(http_server.url, hedge=budget, read_timeout=30.0 if fault == "body" else 2.0)
-    http_server.latency, http_server.jitter = 0.01, 0.01
+    http_server.latency, http_server.jitter = 0.05, 0.01
     warm = 100 if learned else 0
     if learned:  # the delay learned at the pool's concurrency; then a wave six times that
         saved = _storage.pool_size()

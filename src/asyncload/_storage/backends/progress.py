@@ -29,13 +29,17 @@ class Progress:
     its connection (``connected``) and when its response's headers came
     (``answered``, with the body's byte count); the race reads ``quiet`` when its timer fires,
     so a body that flows costs nothing per chunk. A backend that says nothing leaves the clock
-    at the request's start.
+    at the request's start. The latency the race learns its delay from is timed from when the
+    request left the line (``out``) too: a wave of requests that queue for the pool's
+    connections would otherwise teach it a delay as long as the line, and its stragglers would
+    wait that long for their hedge.
     """
 
-    __slots__ = ("body", "moved", "received", "sent", "served", "waiting")
+    __slots__ = ("body", "moved", "out", "received", "sent", "served", "waiting")
 
     def __init__(self, now: float) -> None:
         self.moved = now  # loop time of the last sign of life
+        self.out = now  # loop time it left the pool's line (its latency is timed from there)
         self.waiting = False  # in the pool's line, for a connection
         self.sent = False  # it has a connection
         self.served = False  # its response's headers came
@@ -47,19 +51,24 @@ class Progress:
 
     def connecting(self) -> None:
         self.moved = asyncio.get_running_loop().time()
-        self.waiting = False
+        self._left_line()
 
     def connected(self) -> None:
         self.moved = asyncio.get_running_loop().time()
-        self.waiting = False
+        self._left_line()
         self.sent = True
 
     def answered(self, body: _Counted | None) -> None:
         self.moved = asyncio.get_running_loop().time()
-        self.waiting = False
+        self._left_line()
         self.sent = self.served = True
         self.body = body
         self.received = 0 if body is None else body.total_bytes
+
+    def _left_line(self) -> None:
+        if self.waiting:
+            self.out = self.moved
+            self.waiting = False
 
     def quiet(self, now: float) -> float:
         """Seconds since the request last moved (body bytes that came since the last look
