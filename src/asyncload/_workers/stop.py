@@ -23,12 +23,15 @@ training loop is left to lose a Ctrl-C, and a daemon thread could be cut off mid
 from __future__ import annotations
 
 import atexit
-import ctypes
+import mmap
 import multiprocessing.connection
+import multiprocessing.context
+import multiprocessing.reduction
 import multiprocessing.util  # its exit handler must be registered before ours (see the end)
 import os
 import signal
 import sys
+import tempfile
 import threading
 import time
 import weakref
@@ -62,6 +65,11 @@ class DoneFlag:
     was bounded, 26 workers piled up behind it). One byte needs no lock: a read or a write of it
     is whole, and no process can die holding anything.
 
+    The byte is a memfd of its own, not multiprocessing's shared heap (``RawValue``): a heap
+    arena shared with a user's ``Value`` was handed to a spawned worker twice, once in each
+    pickle of its arguments, and the start failed ("bad value(s) in fds_to_keep"). It reaches a
+    worker only as the worker starts (its arguments), as the event did.
+
     Examples:
         >>> import multiprocessing
         >>> done = DoneFlag(multiprocessing.get_context("fork"))
@@ -72,17 +80,44 @@ class DoneFlag:
         True
     """
 
-    __slots__ = ("_byte",)
+    __slots__ = ("_byte", "_fd")
 
-    def __init__(self, context: Any) -> None:
-        # Reaches the workers in their arguments (an fd of multiprocessing's shared heap).
-        self._byte = context.RawValue(ctypes.c_bool, False)
+    def __init__(self, context: Any = None, *, fd: int | None = None) -> None:
+        del context  # any start method: a spawned worker gets the descriptor (__reduce__)
+        if fd is None:
+            fd = _anonymous_file()
+            os.ftruncate(fd, 1)
+        self._fd = fd  # kept: each spawned worker's start passes it on
+        self._byte = mmap.mmap(fd, 1)
 
     def is_set(self) -> bool:
-        return bool(self._byte.value)
+        return self._byte[0] != 0
 
     def set(self) -> None:
-        self._byte.value = True
+        self._byte[0] = 1
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        multiprocessing.context.assert_spawning(self)
+        return _rebuild_done_flag, (multiprocessing.reduction.DupFd(self._fd),)
+
+    def __del__(self) -> None:
+        # Closes a descriptor and unmaps a page: never blocks, on whatever thread collects it.
+        byte = getattr(self, "_byte", None)
+        if byte is not None:
+            byte.close()
+            os.close(self._fd)
+
+
+def _rebuild_done_flag(dup: Any) -> DoneFlag:
+    return DoneFlag(fd=dup.detach())
+
+
+def _anonymous_file() -> int:
+    """A descriptor of a file with no name (nothing to leave behind in /dev/shm)."""
+    if hasattr(os, "memfd_create"):
+        return os.memfd_create("asyncload-done", os.MFD_CLOEXEC)
+    with tempfile.TemporaryFile() as f:  # pragma: no cover - no memfd (macOS): unlinked at once
+        return os.dup(f.fileno())
 
 
 def shared_polling(proc: Any) -> None:
