@@ -196,11 +196,11 @@ class Segfault(asyncload.Dataset[int]):
 
 
 class DiesHoldingLocks(asyncload.Dataset[int]):
-    """At index `die`, its worker takes every multiprocessing lock it takes in its work (the
-    write side of the queue it sends on, the read side of the one it reads, any other it can
-    reach), writes the time to the file `stamp`, and SIGKILLs itself: a worker killed at the
-    worst moment. The other indices sleep a little, so that the other workers are busy sending
-    results when it dies."""
+    """At index `die`, its worker takes every multiprocessing lock of its own it takes in its
+    work (the write side of the result queue, the read side of its index queue, any lock behind
+    the done signal), writes the time to the file `stamp`, and SIGKILLs itself: a worker killed
+    at the worst moment. The other indices sleep a little, so that the other workers are busy
+    sending results when it dies."""
 
     def __init__(self, n: int, die: int, stamp: str) -> None:
         self.n, self.die, self.stamp = n, die, stamp
@@ -213,19 +213,27 @@ class DiesHoldingLocks(asyncload.Dataset[int]):
             await asyncio.sleep(0.01)
             return index
         import gc
-        import multiprocessing.queues as mp_queues
         import multiprocessing.synchronize as mp_sync
         import signal
+        import sys
 
-        gc.unfreeze()  # the worker froze what it had at start-up: the queues are there
-        found = gc.get_objects()
-        queues = [q for q in found if type(q) is mp_queues.Queue]
-        for q in queues:  # a queue it has sent on has a feeder thread
-            (q._wlock if q._thread is not None else q._rlock).acquire(False)
-        of_queues = {id(lock) for q in queues for lock in (q._rlock, q._wlock)}
-        for obj in found:
-            if type(obj) in (mp_sync.Lock, mp_sync.RLock) and id(obj) not in of_queues:
-                obj.acquire(False)
+        # The worker's own objects, from its entry point's frame: under fork, copies of the
+        # main process's other locks are reachable too, and taking those would wedge them.
+        frame = sys._getframe()
+        while frame.f_code.co_name != "worker_main":
+            assert frame.f_back is not None, "not in a worker process"
+            frame = frame.f_back
+        own = frame.f_locals
+        own["result_queue"]._wlock.acquire(True, 5)  # its feeder may hold it a moment
+        own["index_queue"]._rlock.acquire(True, 5)  # its reader holds it while it polls
+        behind, seen = [own["done_event"]], set()
+        for _ in range(6):  # the done signal and what it holds (an Event's lock, once)
+            found = [r for obj in behind for r in gc.get_referents(obj) if id(r) not in seen]
+            seen.update(id(r) for r in found)
+            for obj in found:
+                if type(obj) in (mp_sync.Lock, mp_sync.RLock):
+                    obj.acquire(False)
+            behind = found
         Path(self.stamp).write_text(repr(time.time()))  # noqa: ASYNC240 - it dies next
         os.kill(os.getpid(), signal.SIGKILL)
         raise AssertionError("unreachable")

@@ -116,14 +116,15 @@ def test_killed_worker_raises_naming_pid_and_signal() -> None:
 def test_a_worker_killed_holding_every_shared_lock_is_reported_at_once(tmp_path: Path) -> None:
     """A worker killed while it held a lock the others share (a queue's, the done signal's
     once) must not keep them, and so the stop, waiting: the error comes within a second or
-    two of its death, not after the stop's timeouts (6 s), and nothing is left behind."""
+    few of its death, not after the stop's timeouts (6 s at least), and nothing is left
+    behind."""
     stamp = tmp_path / "died"
     loader = asyncload.DataLoader(
         DiesHoldingLocks(400, die=121, stamp=str(stamp)), batch_size=2, num_workers=2
     )
     with pytest.raises(asyncload.WorkerError, match=r"worker 0 \(pid \d+\).*SIGKILL"):
         _drain(loader)
-    assert time.time() - float(stamp.read_text()) < 2.5
+    assert time.time() - float(stamp.read_text()) < 4  # 0.2 s here, quiet
 
 
 def test_segfault_in_a_worker_raises_naming_the_signal() -> None:

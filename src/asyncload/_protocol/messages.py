@@ -49,7 +49,7 @@ and waits for it (a finalizer does not wait): NOTE [ Who stops workers ] in
 ``_workers._stop.stop_processes`` (which also stops standby processes no pass took), is the
 shutdown sequence:
 
-1. set ``done_event`` (workers stop putting results; pin thread stops): a byte of shared
+1. set ``done_event`` (workers stop putting results, and their readers stop): a byte of shared
    memory, which no lock guards, so a worker killed at any moment can't keep the others from
    seeing it (``_workers/stop.py`` ``DoneFlag``);
 2. put ``Shutdown`` on every index queue; the worker's reader thread forwards it to the engine,
@@ -59,8 +59,8 @@ shutdown sequence:
 4. ``cancel_join_thread()`` and ``close()`` every queue, so no feeder thread blocks the exit,
    after closing this process's read end of each exited worker's index queue, so that no
    feeder thread stays blocked on a pipe nobody reads; ``close()`` every exited process;
-5. let go of the queues, event and processes in another thread, so that their finalizers can't
-   swallow a Ctrl-C (NOTE [ Ctrl-C and finalizers ] in ``_workers/stop.py``).
+5. let go of the queues, done flag and processes in another thread, so that their finalizers
+   can't swallow a Ctrl-C (NOTE [ Ctrl-C and finalizers ] in ``_workers/stop.py``).
 
 A worker also exits on its own when its parent dies (the reader thread's watchdog sees a new
 parent pid or EOF on the index queue), so a SIGKILLed main process leaves no worker behind.
@@ -100,7 +100,7 @@ __all__ = [
     "StartPass",
 ]
 
-# How often blocking waits wake up to check liveness and the done event, in seconds.
+# How often blocking waits wake up to check liveness and the done flag, in seconds.
 POLL_INTERVAL = 0.25
 # How often, at most, a worker hears what the others learned (``Peers``): as often as they
 # report it (their stats), so that a throttle or a probe reaches every worker within a round

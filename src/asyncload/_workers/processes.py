@@ -64,7 +64,7 @@ PICKLE_WARNING = (  # torch's, word for word: code and tests match on it
 class ProcessWorkers:
     """The ``_workers.Workers`` of a pass with ``num_workers > 0``.
 
-    Owns the processes, their queues, the done event, the pin-memory thread and one
+    Owns the processes, their queues, the done flag, the pin-memory thread and one
     shared-memory block pool name per worker (NOTE [ Reused shared memory ]). Replies are
     unpacked (their shared memory mapped) on the pin-memory thread, which also pins them, or
     without pinning in ``get``, on the training thread.
@@ -303,8 +303,8 @@ class ProcessWorkers:
             return
         self._closed = True
         if self._owner != os.getpid():
-            # A copy in a child made by os.fork(): the processes, their queues, done event and
-            # shared memory are the parent's, which stops them. Setting the done event or
+            # A copy in a child made by os.fork(): the processes, their queues, done flag and
+            # shared memory are the parent's, which stops them. Setting the done flag or
             # unlinking the blocks here would stop the parent's pass under it.
             self._procs, self._index_queues = [], []
             self._result_queue = self._done_event = self._replies = self._pin_thread = None

@@ -58,7 +58,7 @@ _METHODS = ("forkserver", "spawn")
 
 
 class Standby:
-    """*count* worker processes of one context, with a pass's queues and done event, that have
+    """*count* worker processes of one context, with a pass's queues and done flag, that have
     no config yet."""
 
     def __init__(

@@ -27,6 +27,7 @@ import mmap
 import multiprocessing.connection
 import multiprocessing.context
 import multiprocessing.reduction
+import multiprocessing.sharedctypes
 import multiprocessing.util  # its exit handler must be registered before ours (see the end)
 import os
 import signal
@@ -84,11 +85,18 @@ class DoneFlag:
 
     def __init__(self, context: Any = None, *, fd: int | None = None) -> None:
         del context  # any start method: a spawned worker gets the descriptor (__reduce__)
+        self._fd = -1
+        if sys.platform == "win32":  # pragma: no cover - no DupFd: a named mapping, by name
+            self._byte: Any = multiprocessing.sharedctypes.RawArray("b", 1)
+            return
         if fd is None:
             fd = _anonymous_file()
-            os.ftruncate(fd, 1)
+        try:
+            self._byte = mmap.mmap(fd, 1)
+        except BaseException:
+            os.close(fd)
+            raise
         self._fd = fd  # kept: each spawned worker's start passes it on
-        self._byte = mmap.mmap(fd, 1)
 
     def is_set(self) -> bool:
         return self._byte[0] != 0
@@ -98,26 +106,42 @@ class DoneFlag:
 
     def __reduce__(self) -> tuple[Any, ...]:
         multiprocessing.context.assert_spawning(self)
+        if self._fd < 0:  # pragma: no cover - Windows: the array pickles itself
+            return _shared_done_flag, (self._byte,)
         return _rebuild_done_flag, (multiprocessing.reduction.DupFd(self._fd),)
 
     def __del__(self) -> None:
-        # Closes a descriptor and unmaps a page: never blocks, on whatever thread collects it.
-        byte = getattr(self, "_byte", None)
-        if byte is not None:
-            byte.close()
+        # Unmaps a page and closes a descriptor: never blocks, on whatever thread collects it.
+        if getattr(self, "_fd", -1) >= 0:
+            self._byte.close()
             os.close(self._fd)
 
 
 def _rebuild_done_flag(dup: Any) -> DoneFlag:
-    return DoneFlag(fd=dup.detach())
+    fd = dup.detach()
+    os.set_inheritable(fd, False)  # passed on to this worker only, not to what it starts
+    return DoneFlag(fd=fd)
+
+
+def _shared_done_flag(byte: Any) -> DoneFlag:  # pragma: no cover - Windows
+    flag = DoneFlag.__new__(DoneFlag)
+    flag._fd, flag._byte = -1, byte
+    return flag
 
 
 def _anonymous_file() -> int:
-    """A descriptor of a file with no name (nothing to leave behind in /dev/shm)."""
-    if hasattr(os, "memfd_create"):
-        return os.memfd_create("asyncload-done", os.MFD_CLOEXEC)
-    with tempfile.TemporaryFile() as f:  # pragma: no cover - no memfd (macOS): unlinked at once
-        return os.dup(f.fileno())
+    """A descriptor of a one-byte file with no name (nothing to leave behind in /dev/shm)."""
+    try:
+        fd = os.memfd_create("asyncload-done", os.MFD_CLOEXEC)
+    except (AttributeError, OSError):  # no memfd (macOS, an old kernel, a seccomp filter)
+        with tempfile.TemporaryFile() as f:  # unlinked at once; the copy outlives it
+            fd = os.dup(f.fileno())
+    try:
+        os.pwrite(fd, b"\0", 0)  # the byte exists on disk: a write to the map never SIGBUSes
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def shared_polling(proc: Any) -> None:
@@ -226,8 +250,8 @@ def stop_processes(
         q.close()
     for w in procs:
         if not w.is_alive():
-            # Its arguments (the queues and the event) go with this stop, on this thread, and
-            # not whenever the process object goes: a collection on some other thread would
+            # Its arguments (the queues and the done flag) go with this stop, on this thread,
+            # and not whenever the process object goes: a collection on some other thread would
             # run their semaphores' finalizers there (NOTE [ Who stops workers ]).
             w._args, w._kwargs = (), {}
     if not close_objects:
