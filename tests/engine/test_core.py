@@ -98,10 +98,10 @@ async def _run(
 
 def test_every_task_gets_one_reply_with_bounded_concurrency() -> None:
     ds = Jittery(30, seed=1)
-    # Batch 0 is slow (0.2 s a sample, the others 20 ms at most): a fourth slot carries later
-    # batches past it, whatever a busy machine does to the loop's timers (seeded jitter alone
-    # once completed in send order under heavy load).
-    ds.delays[:3] = [0.2] * 3
+    # Batch 0 is slow (1 s a sample, the others 20 ms at most): a fourth slot carries later
+    # batches past it unless the loop stalls for most of a second (seeded jitter alone once
+    # completed in send order under heavy load).
+    ds.delays[:3] = [1.0] * 3
     tasks = [IndexTask(k, 0, np.arange(3 * k, 3 * k + 3)) for k in range(10)]
     out = asyncio.run(_run(_config(ds, max_concurrency=4), list(tasks)))
     assert sorted(r.send_idx for r in out) == list(range(10))

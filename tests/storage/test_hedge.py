@@ -19,6 +19,7 @@ from asyncload._stats import recorder as _metrics
 from asyncload._storage import api as _storage
 from asyncload._storage import hedge as _hedge
 from asyncload._storage import retry as _retry
+from asyncload._storage.backends.progress import Progress
 from asyncload._storage.hedge import race as _round
 from asyncload._storage.retry import AttemptFailed
 
@@ -107,6 +108,47 @@ async def test_the_delay_is_learned_from_requests_out_of_the_pool_s_line(
     finally:
         _storage.set_pool_size(saved)
         await asyncload.aclose()
+
+
+async def test_a_redirected_request_s_latency_counts_both_round_trips(
+    http_server: ObjectServer,
+) -> None:
+    # Each read is a 302, then the object, 50 ms each. The second hop queues for a connection
+    # again; the latency still counts from the first hop's (the hedge timer saw no sign of life
+    # in the 302 either). Timed from the second hop, the delay was one hop, shorter than the
+    # first hop's quiet wait, and requests were hedged for nothing.
+    _storage.configure(http_server.url, hedge=asyncload.Hedge(budget=0.5, min_delay=0.0))
+    http_server.latency = 0.05
+    urls = []
+    for i in range(24):
+        http_server.put(f"obj/{i}", body(i))
+        http_server.fail(f"via/{i}", "redirect:/obj/" + str(i))
+        urls.append(f"{http_server.url}/via/{i}")
+    got, _ = await _read_all(urls, at_once=8)
+    assert got == [body(i) for i in range(24)]
+    assert all(http_server.hits[f"via/{i}"] == 1 for i in range(24))
+    tracker = _hedge._latency.prefix_of(urls[0], _storage.options_for(urls[0]))
+    assert tracker.delay >= 0.09  # two round trips of 50 ms
+    await asyncload.aclose()
+
+
+async def test_a_request_that_never_left_the_line_teaches_no_latency() -> None:
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    watch = Progress(began)
+    watch.queued()
+    assert _round._latency(watch, loop) is None  # cancelled in the pool's line: no latency
+    await asyncio.sleep(0.05)
+    watch.connected()
+    assert watch.out >= began + 0.04  # the line's wait is not latency
+    first = watch.out
+    watch.queued()  # a redirect's second hop waits for a connection again
+    await asyncio.sleep(0.02)
+    watch.connecting()
+    assert watch.out == first
+    latency = _round._latency(watch, loop)
+    assert latency is not None
+    assert latency >= 0.015
 
 
 async def test_hedges_do_not_queue_behind_a_full_pool_of_stragglers(

@@ -30,9 +30,11 @@ class Progress:
     (``answered``, with the body's byte count); the race reads ``quiet`` when its timer fires,
     so a body that flows costs nothing per chunk. A backend that says nothing leaves the clock
     at the request's start. The latency the race learns its delay from is timed from when the
-    request left the line (``out``) too: a wave of requests that queue for the pool's
+    request first left the line (``out``) too: a wave of requests that queue for the pool's
     connections would otherwise teach it a delay as long as the line, and its stragglers would
-    wait that long for their hedge.
+    wait that long for their hedge. A request that ends still in the line (cancelled, or a pool
+    timeout) teaches nothing; one raced with no hedge to spare (a retry's last attempt) is not
+    watched, and is timed from its start.
     """
 
     __slots__ = ("body", "moved", "out", "received", "sent", "served", "waiting")
@@ -67,7 +69,8 @@ class Progress:
 
     def _left_line(self) -> None:
         if self.waiting:
-            self.out = self.moved
+            if not self.sent:  # the first line only: a redirect's first round trip is latency
+                self.out = self.moved
             self.waiting = False
 
     def quiet(self, now: float) -> float:

@@ -63,8 +63,12 @@ class _Prefix:
         self.finished = 0
         self.quiet_until = 0.0  # no hedge before this time.monotonic() (``hush``)
 
-    def observe(self, seconds: float, policy: Hedge) -> None:
+    def observe(self, seconds: float | None, policy: Hedge) -> None:
+        """A request finished after *seconds* out of its pool's line; None: it never left the
+        line (cancelled there, or a pool timeout), so it counts as finished, with no latency."""
         self.finished += 1
+        if seconds is None:
+            return
         self.latencies[self.next] = seconds
         self.next = (self.next + 1) % _WINDOW
         self.filled = min(self.filled + 1, _WINDOW)

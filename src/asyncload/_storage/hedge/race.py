@@ -86,6 +86,11 @@ def _hear(tracker: _Prefix, failure: AttemptFailed, sent: float) -> None:
         tracker.hush(failure.retry_after or 0.0)
 
 
+def _latency(watch: Progress, loop: asyncio.AbstractEventLoop) -> float | None:
+    """Seconds since *watch*'s request left the pool's line; None if it never did."""
+    return None if watch.waiting else loop.time() - watch.out
+
+
 _STOPPED: Any = object()  # _InPlace.outcome once the round is over
 
 
@@ -212,7 +217,7 @@ async def _race(
                 straggles = await _goes_quiet(primary, watch, tracker.delay)
     except BaseException:
         if straggles:  # a straggler cancelled while it asked: its latency is at least this
-            tracker.observe(loop.time() - watch.out, policy)
+            tracker.observe(_latency(watch, loop), policy)
         _cancel(primary)
         raise
     if not straggles:
@@ -223,7 +228,7 @@ async def _race(
             heard(failure)
             raise
         finally:
-            tracker.observe(loop.time() - watch.out, policy)
+            tracker.observe(_latency(watch, loop), policy)
         return result, 1
     copies: list[asyncio.Future[T]] = [primary, ears.sent(_send(start))]
     try:
@@ -232,7 +237,7 @@ async def _race(
         )
     finally:
         # The primary's latency is at least this long: a lower bound keeps the percentile honest.
-        tracker.observe(loop.time() - watch.out, policy)
+        tracker.observe(_latency(watch, loop), policy)
         for fut in copies:
             ears.copy(fut)  # failed, and not seen by the wait that returned
             _cancel(fut)
@@ -452,7 +457,7 @@ async def _race_in_place(
         return outcome.result(), 1 + len(round_.hedges)
     finally:
         watching.reset(token)
-        tracker.observe(loop.time() - round_.out, policy)
+        tracker.observe(_latency(round_, loop), policy)
         if round_.ears is not None:
             for hedge in round_.hedges:
                 round_.ears.copy(hedge)  # failed before the primary answered
