@@ -68,6 +68,18 @@ async def settle(server: ObjectServer) -> None:
         await asyncio.sleep(0.01)
 
 
+@contextlib.contextmanager
+def _pool_of(size: int) -> Iterator[None]:
+    """New clients keep at most *size* connections, inside the block (those made meanwhile
+    keep theirs after it)."""
+    saved = _storage.pool_size()
+    _storage.set_pool_size(size)
+    try:
+        yield
+    finally:
+        _storage.set_pool_size(saved)
+
+
 async def test_a_straggler_is_hedged_and_the_fast_copy_wins(http_server: ObjectServer) -> None:
     _storage.configure(http_server.url, hedge=FAST)
     await warm_up(http_server)
@@ -93,21 +105,17 @@ async def test_the_delay_is_learned_from_requests_out_of_the_pool_s_line(
     # connection, and the last waited ~1 s in the pool's line for one. The delay is learned
     # from the former (the hedge timer does not run in the line either); timed from the
     # round's start, it was the line's length, and a straggler waited that long for its hedge.
-    saved = _storage.pool_size()
-    _storage.set_pool_size(2)
-    try:
+    with _pool_of(2):
         policy = asyncload.Hedge(budget=0.05, min_delay=0.0)
         _storage.configure(http_server.url, hedge=policy)
         http_server.latency = 0.05
         urls = [http_server.put(f"line/{i}", body(i)) for i in range(40)]
         got, when = await _read_all(urls)
-        assert got == [body(i) for i in range(40)]
-        assert max(when) > 0.9  # they did wait in line
-        tracker = _hedge._latency.prefix_of(urls[0], _storage.options_for(urls[0]))
-        assert 0.05 <= tracker.delay < 0.3
-    finally:
-        _storage.set_pool_size(saved)
-        await asyncload.aclose()
+    assert got == [body(i) for i in range(40)]
+    assert max(when) > 0.9  # they did wait in line
+    tracker = _hedge._latency.prefix_of(urls[0], _storage.options_for(urls[0]))
+    assert 0.05 <= tracker.delay < 0.3
+    await asyncload.aclose()
 
 
 async def test_a_redirected_request_s_latency_counts_both_round_trips(
@@ -156,9 +164,7 @@ async def test_hedges_do_not_queue_behind_a_full_pool_of_stragglers(
 ) -> None:
     # Every connection of the pool is held by a straggler: a hedge that queued for one of them
     # would wait as long as its straggler. Hedges have connections of their own.
-    saved = _storage.pool_size()
-    _storage.set_pool_size(4)
-    try:
+    with _pool_of(4):
         _storage.configure(http_server.url, hedge=asyncload.Hedge(budget=0.5, min_delay=0.02))
         await warm_up(http_server)
         urls = [http_server.put(f"full/{i}", body(i)) for i in range(4)]
@@ -166,14 +172,12 @@ async def test_hedges_do_not_queue_behind_a_full_pool_of_stragglers(
             http_server.delay(f"full/{i}", 5.0)
         began = time.monotonic()
         got = await asyncio.gather(*(asyncload.read(u) for u in urls))
-        assert time.monotonic() - began < 2.5  # not the stragglers' 5 s
-        assert got == [body(i) for i in range(4)]
-        assert _hedge.counts() == _hedge.HedgeCounts(sent=4, won=4)
-        await settle(http_server)
-        assert not _hedge._losers
-    finally:
-        _storage.set_pool_size(saved)
-        await asyncload.aclose()
+    assert time.monotonic() - began < 2.5  # not the stragglers' 5 s
+    assert got == [body(i) for i in range(4)]
+    assert _hedge.counts() == _hedge.HedgeCounts(sent=4, won=4)
+    await settle(http_server)
+    assert not _hedge._losers
+    await asyncload.aclose()
 
 
 async def test_hedges_respect_the_budget_and_never_change_bytes(
@@ -788,13 +792,9 @@ async def test_a_response_that_stops_is_hedged_and_its_connection_released(
     http_server.latency, http_server.jitter = 0.05, 0.01
     warm = 100 if learned else 0
     if learned:  # the delay learned at the pool's concurrency; then a wave six times that
-        saved = _storage.pool_size()
-        _storage.set_pool_size(16)
         warm_urls = [http_server.put(f"warm/{i}", body(i)) for i in range(warm)]
-        try:
+        with _pool_of(16):  # the clients made meanwhile keep their 16
             assert (await _read_all(warm_urls, 16))[0] == [body(i) for i in range(warm)]
-        finally:
-            _storage.set_pool_size(saved)  # the clients made meanwhile keep their 16
     urls = [http_server.put(f"stop/{i}", body(i)) for i in range(100)]
     stopped = [3, 50, 98, 99] if learned else [96, 97, 98, 99]  # a wave's last: no one after
     for i in stopped:
