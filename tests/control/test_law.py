@@ -300,6 +300,29 @@ def test_a_peers_throttle_cuts_once() -> None:
     assert c.limit == 90  # moved halfway to the peer's limit, not cut
 
 
+def test_a_cut_is_news_for_the_other_workers() -> None:
+    c = _auto()
+    news = c.news
+    c.finished(0.05, Outcome.OK, latency=0.05)
+    assert c.news == news
+    c.finished(0.06, Outcome.THROTTLED, latency=0.05)
+    assert c.news != news  # they hear of it with the next batch, not the next stats
+
+
+def test_a_probe_exports_the_limit_it_returns_to() -> None:
+    # Its few in flight measure the store's unloaded latency: no limit for a peer to move to.
+    # (A peer moved halfway toward the probe's 8.)
+    c = _auto(learned=LimitState(limit=100.0))
+    peer = _auto(learned=LimitState(limit=100.0))
+    c._probed = False  # as after a pass's start past probe_limit, its base taken under load
+    assert c._start_probe(0.0)
+    assert c.limit == ControlConfig().probe_limit
+    state = c.export()
+    assert state.limit == 100.0
+    peer.merge(state, now=0.0)
+    assert peer.limit == 100
+
+
 def test_a_peers_throttle_within_a_round_trip_of_our_own_cut_is_the_same_overload() -> None:
     c = _auto(learned=LimitState(limit=100.0, base_latency=0.05))
     for t in (0.0, 0.05):  # round trips at 50 ms: the smoothed latency

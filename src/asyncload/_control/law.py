@@ -70,7 +70,9 @@ last decision: at least 16, at most 64, so about one round trip):
   during a pass (the main process sends each worker the others' states, ``Peers``) takes a
   throttle another worker saw more than a round trip after its own last cut as its own,
   an unloaded latency far below its own (a probe's, where its own was taken under load), and
-  moves halfway to the others' limit.
+  moves halfway to the others' limit. During a probe a worker exports the limit it returns
+  to, not the probe's 8 (which its peers moved halfway toward). A cut goes out with the
+  worker's next batch (``news``), not with the stats every 0.2 s.
 
 What it reaches on simulated stores (a constant latency with a CPU-bound client, token
 buckets, servers behind a line, a throttled burst, workers sharing, a change of rate, a pass
@@ -127,8 +129,19 @@ against 0.89 in 2 of the base's 4 (0.48 and 0.70 in the other 2, during a slow s
 it, for a store that answers at once (an in-memory one: limits of 3-7, where each turn of the
 worker's loop reads few answers): 8% more samples/s there in 3 of 4 pairs, but ``bench_autotune``
 (d) read its workers as bound at their start, and its whole-run p99 went to 195 and 212 ms against
-97 and 150 (2 interleaved runs each; 2026-11-28). Not covered: a store at 500 ms that throttles
-synchronized bursts (0.56 of the rate; pacing the sends would help).
+97 and 150 (2 interleaved runs each; 2026-11-28). Ending a worker's slow start when another's
+ended on a queue or a throttle (taking its running doubling back): through the main process
+(``Peers``) the news came 80-120 ms late, after the next doubling, so it went through a byte per
+worker in shared memory, read at each answer. ``bench_autotune`` (d)'s whole-run p99 fell to a
+median of 116 ms from 180 (6 interleaved runs each; a worker doubled on to 128 in 2 runs against
+4), but passes of 4,096 objects over S3 ran at 0.91 of the code before (6 interleaved pairs, 1
+faster), and over HTTP at 0.92 until the news was limited to slow starts that ended while the
+worker's own CPU did not bound it (then 1.00; S3 still 0.91, 2026-11-29). On two shared cores a rise
+at 64 in flight is the machine's, not the store's, and obstore reads on its own threads, where the
+CPU test does not look: one worker's false knee stopped the other's growth. Through the main
+process alone, S3 ran at 0.97 (2 of 6 faster), and the news mostly came too late to matter. Not
+covered: a store at 500 ms that throttles synchronized bursts (0.56 of the rate; pacing the sends
+would help).
 
 Where it runs: ``_engine/slots.py`` sizes a worker's fetch slots with it (one controller per
 worker, each sample one request; a storage attempt's throttle reaches it through
@@ -346,10 +359,21 @@ class LimitController:
 
     # ── sharing ─────────────────────────────────────────────────────────────────────────────
 
+    @property
+    def news(self) -> int:
+        """What the loader's other workers should hear at once rather than with the next
+        stats (every 0.2 s): it changes at each cut for a throttle, which cuts theirs too
+        (``merge``)."""
+        return self._cuts
+
     def export(self) -> LimitState:
-        """What this controller learned, for the main process to pass on."""
+        """What this controller learned, for the main process to pass on.
+
+        During a probe, the limit it returns to: the probe's few in flight measure the
+        store, they are no limit for a peer to move toward (``merge``).
+        """
         return LimitState(
-            limit=self._limit,
+            limit=self._limit if self._probe_return is None else self._probe_return,
             base_latency=self._latency.base,
             ceiling=self._ceiling,
             throttled_at=self._throttled_at,
