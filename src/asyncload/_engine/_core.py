@@ -121,6 +121,7 @@ class EngineCore:
         self._starter: asyncio.Task[None] | None = None
         self._cancelling = False  # True while the engine itself cancels its tasks
         self._last_stats = 0.0
+        self._news_sent = 0  # LimitController.news, last sent
         # The CPU clocks when this pass began (_stats, loader.stats()'s stage figures): set
         # when the engine starts running (Engine.run) and at each StartPass.
         self._own_process = os.getpid() != cfg.main_pid
@@ -153,7 +154,10 @@ class EngineCore:
         """Where the adaptive limit got to, for the next pass's workers (``slots.learned_from``);
         ``None`` with a fixed one."""
         controller = self._sem.controller
-        return None if controller is None else controller.export()
+        if controller is None:
+            return None
+        self._news_sent = controller.news
+        return controller.export()
 
     def _cpu_clocks(self) -> tuple[float, float]:
         """(CPU seconds of this worker so far, of which on its lane)."""
@@ -216,8 +220,14 @@ class EngineCore:
         except Exception as exc:
             self._fail(send_idx, exc)
             return
-        # Idle after this batch (e.g. the epoch's last): send final counts, else throttle.
-        stats = self._stats(force=self.recorder.in_flight == 0 or bool(skipped))
+        # Idle after this batch (e.g. the epoch's last): send final counts, else throttle;
+        # news for the other workers (``LimitController.news``) goes at once.
+        controller = self._sem.controller
+        stats = self._stats(
+            force=self.recorder.in_flight == 0
+            or bool(skipped)
+            or (controller is not None and controller.news != self._news_sent)
+        )
         self._put(
             Result(
                 send_idx,

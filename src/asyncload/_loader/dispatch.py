@@ -154,16 +154,21 @@ class Dispatch:
         Workers read the same store, so what one finds (its unloaded latency, a throttle)
         holds for all: a worker whose first round trips were loaded learns the true latency
         from one that probed, and a throttle cuts every worker's limit, not one at a time.
-        Each worker hears at most every ``PEERS_EVERY`` seconds; news that waits goes with
-        the next report. Tasks are no carrier: the look-ahead may have sent them all.
+        Each worker hears at most every ``PEERS_EVERY`` seconds, unless the report is news
+        (a worker's first, a throttle: ``LimitController.news``); what waits goes with the
+        next report. Tasks are no carrier: the look-ahead may have sent them all.
         """
+        last = self.learned.get(source)
         self.learned[source] = state
         if self._num_workers < 2:
             return
+        news = last is None or last.throttled_at != state.throttled_at
         now = time.monotonic()
         engines = self._require_workers()
         for w in range(self._num_workers):
-            if w != source and self._active[w] and now - self._heard_at[w] >= PEERS_EVERY:
+            if w == source or not self._active[w]:
+                continue
+            if news or now - self._heard_at[w] >= PEERS_EVERY:
                 others = [s for v, s in self.learned.items() if v != w]
                 engines.send(w, Peers(LimitState.combine(others)))
                 self._heard_at[w] = now
