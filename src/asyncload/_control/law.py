@@ -130,18 +130,19 @@ it, for a store that answers at once (an in-memory one: limits of 3-7, where eac
 worker's loop reads few answers): 8% more samples/s there in 3 of 4 pairs, but ``bench_autotune``
 (d) read its workers as bound at their start, and its whole-run p99 went to 195 and 212 ms against
 97 and 150 (2 interleaved runs each; 2026-11-28). Ending a worker's slow start when another's
-ended on a queue or a throttle (taking its running doubling back): through the main process
-(``Peers``) the news came 80-120 ms late, after the next doubling, so it went through a byte per
-worker in shared memory, read at each answer. ``bench_autotune`` (d)'s whole-run p99 fell to a
-median of 116 ms from 180 (6 interleaved runs each; a worker doubled on to 128 in 2 runs against
-4), but passes of 4,096 objects over S3 ran at 0.91 of the code before (6 interleaved pairs, 1
-faster), and over HTTP at 0.92 until the news was limited to slow starts that ended while the
-worker's own CPU did not bound it (then 1.00; S3 still 0.91, 2026-11-29). On two shared cores a rise
-at 64 in flight is the machine's, not the store's, and obstore reads on its own threads, where the
-CPU test does not look: one worker's false knee stopped the other's growth. Through the main
-process alone, S3 ran at 0.97 (2 of 6 faster), and the news mostly came too late to matter. Not
-covered: a store at 500 ms that throttles synchronized bursts (0.56 of the rate; pacing the sends
-would help).
+ended on a queue or a throttle (taking its running doubling back), with a worker in slow start
+exporting the limit before its running doubling: through the main process (``Peers``) the news
+came 80-120 ms late, after the next doubling, so it also went through a byte per worker in shared
+memory, read at each answer. (d)'s whole-run p99 fell to a median of 116 ms from 180 (6
+interleaved runs each; a worker doubled on to 128 in 2 runs against 4). But passes of 4,096
+objects (``bench_ab``, 6 interleaved pairs each, 2026-11-29) ran at these shares of the code
+before: over S3 0.86 with the shared memory, 0.91 with it limited to slow starts that ended while
+the worker's own CPU was free, 0.97 through the main process alone, 0.92 with the export alone;
+over HTTP 0.92, 1.00, not run, 0.96 (what landed instead: 1.00 and 1.00). In a traced S3 pass one
+worker's rise at 64 in flight took the other's doubling back: on two shared cores such a rise is
+the machine's, not the store's, and obstore reads on its own threads, where the CPU test does not
+look. Neither part landed. Not covered: a store at 500 ms that throttles synchronized bursts (0.56
+of the rate; pacing the sends would help).
 
 Where it runs: ``_engine/slots.py`` sizes a worker's fetch slots with it (one controller per
 worker, each sample one request; a storage attempt's throttle reaches it through
