@@ -312,9 +312,10 @@ def test_a_cut_is_news_for_the_other_workers() -> None:
 def test_a_probe_exports_the_limit_it_returns_to() -> None:
     # Its few in flight measure the store's unloaded latency: no limit for a peer to move to.
     # (A peer moved halfway toward the probe's 8.)
-    c = _auto(learned=LimitState(limit=100.0))
+    # A pass that started past probe_limit took its unloaded latency under its own load:
+    # its first backoff probes (the module doc).
+    c = _auto(config=ControlConfig(initial=64), learned=LimitState(limit=100.0))
     peer = _auto(learned=LimitState(limit=100.0))
-    c._probed = False  # as after a pass's start past probe_limit, its base taken under load
     assert c._start_probe(0.0)
     assert c.limit == ControlConfig().probe_limit
     state = c.export()

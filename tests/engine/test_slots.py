@@ -19,7 +19,7 @@ import pytest
 import asyncload
 from asyncload._control import LimitController, LimitState
 from asyncload._control import aside as _aside
-from asyncload._engine import Engine, WorkerConfig
+from asyncload._engine import Engine, WorkerConfig, _core
 from asyncload._engine.slots import (
     AUTO_CEILING,
     LOADER_CEILING,
@@ -221,6 +221,22 @@ def test_a_throttle_cuts_the_limit_at_once_and_nothing_is_lost() -> None:
     factor = 0.5 if ds.phases[0] == "slow start" else 0.8
     assert abs(first_after - factor * first_before) <= 1, (ds.phases[0], ds.limits[0])
     assert all(after >= first_after for _, after in ds.limits)
+
+
+@pytest.mark.timeout(60)
+def test_a_cut_goes_to_the_main_process_with_the_next_batch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The other workers of the loader are cut by it too (Peers): it must not wait for the
+    # stats every 0.2 s, here never but at the pass's end.
+    monkeypatch.setattr(_core, "_STATS_EVERY", 1e9)
+    ds = Store(400, latency=0.01)
+    ds.throttle = {200}
+    results = asyncio.run(_read(_config(ds, None), 50, window=50))
+    reported = [r for r in results if r.limit is not None]
+    assert len(reported) >= 2, "only the pass's last batch reported"
+    assert reported[0].limit.throttled_at is not None
+    assert reported[0] is not results[-1]
 
 
 @pytest.mark.timeout(10)

@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 
 from asyncload._control import LimitState
+from asyncload._loader import dispatch
 from asyncload._loader.dispatch import Dispatch
-from asyncload._protocol.messages import Peers
+from asyncload._protocol.messages import PEERS_EVERY, Peers
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -35,12 +36,23 @@ class _Sharing(Dispatch):
         return self._engines.sent  # type: ignore[union-attr]
 
 
-def test_news_reaches_the_other_workers_at_once_and_the_rest_waits() -> None:
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The main process's clock, moved by the test (a loaded machine cannot stretch it)."""
+    now = [100.0]
+    monkeypatch.setattr(dispatch.time, "monotonic", lambda: now[0])
+    return now
+
+
+def test_news_reaches_the_other_workers_at_once_and_the_rest_waits(clock: list[float]) -> None:
     d = _Sharing(3)
     d._share(0, LimitState(limit=32.0))  # a first report: the others know nothing yet
     assert sorted(w for w, _ in d.sent) == [1, 2]
+    d._share(1, LimitState(limit=32.0))
+    d._share(2, LimitState(limit=32.0))
     d.sent.clear()
-    d._share(0, LimitState(limit=40.0))  # no news, within PEERS_EVERY (0.2 s)
+    clock[0] += 0.1
+    d._share(0, LimitState(limit=40.0))  # no news, within PEERS_EVERY
     assert d.sent == []
     # Worker 0 was throttled: the others' limits are cut too, now, not PEERS_EVERY later,
     # while they go on sending into the overload.
@@ -48,8 +60,14 @@ def test_news_reaches_the_other_workers_at_once_and_the_rest_waits() -> None:
     assert sorted(w for w, _ in d.sent) == [1, 2]
     assert all(m.state.throttled_at == 5.0 for _, m in d.sent)
     d.sent.clear()
+    clock[0] += 0.1
     d._share(0, LimitState(limit=30.0, throttled_at=5.0))  # the same throttle: it waits
+    # Worker 1, cut by that throttle, reports it as its own: an echo, not news.
+    d._share(1, LimitState(limit=26.0, throttled_at=5.0))
     assert d.sent == []
+    clock[0] += PEERS_EVERY
+    d._share(0, LimitState(limit=30.0, throttled_at=5.0))  # what waited goes now
+    assert sorted(w for w, _ in d.sent) == [1, 2]
 
 
 def test_each_worker_hears_the_others_combined_never_itself() -> None:

@@ -158,11 +158,18 @@ class Dispatch:
         (a worker's first, a throttle: ``LimitController.news``); what waits goes with the
         next report. Tasks are no carrier: the look-ahead may have sent them all.
         """
-        last = self.learned.get(source)
+        # News: a worker's first report, or a throttle later than any the others heard of (a
+        # worker cut by another's throttle reports that one again: an echo, not news).
+        news = source not in self.learned or (
+            state.throttled_at is not None
+            and all(
+                s.throttled_at is None or s.throttled_at < state.throttled_at
+                for s in self.learned.values()
+            )
+        )
         self.learned[source] = state
         if self._num_workers < 2:
             return
-        news = last is None or last.throttled_at != state.throttled_at
         now = time.monotonic()
         engines = self._require_workers()
         for w in range(self._num_workers):

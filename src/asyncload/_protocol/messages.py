@@ -25,7 +25,8 @@ Where a reply is unpacked (its shared memory mapped) and pinned, one place per k
 
 Between tasks, ``(freed, None)`` carries only releases, once a few have gathered (the
 look-ahead may send no task for many batches), and ``Peers`` carries what the other workers'
-adaptive limits learned (at most every ``PEERS_EVERY`` seconds); neither gets a reply. Every
+adaptive limits learned (at most every ``PEERS_EVERY`` seconds, but at once for a throttle);
+neither gets a reply. Every
 task is answered by exactly one reply carrying the same ``send_idx``: a ``Result``, a
 ``Failure`` or (iterable datasets) ``Exhausted``. The main process therefore knows at all times
 which tasks are outstanding on which worker.
@@ -131,8 +132,9 @@ class IterTask:
 @dataclass(frozen=True, slots=True)
 class Peers:
     """What the loader's other workers learned of the store during this pass (control data,
-    at most every ``PEERS_EVERY`` seconds per worker): their adaptive limits combined, whose
-    unloaded latency and throttles hold for this worker too (``_engine.slots.Slots.merge``)."""
+    at most every ``PEERS_EVERY`` seconds per worker, but at once for a new throttle or a
+    worker's first report): their adaptive limits combined, whose unloaded latency and
+    throttles hold for this worker too (``_engine.slots.Slots.merge``)."""
 
     state: LimitState
 
