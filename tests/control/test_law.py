@@ -300,20 +300,20 @@ def test_a_peers_throttle_cuts_once() -> None:
     assert c.limit == 90  # moved halfway to the peer's limit, not cut
 
 
-def test_a_cut_is_news_for_the_other_workers() -> None:
+def test_a_cut_is_news_for_the_other_workers_until_exported() -> None:
     c = _auto()
-    news = c.news
     c.finished(0.05, Outcome.OK, latency=0.05)
-    assert c.news == news
+    assert not c.news
     c.finished(0.06, Outcome.THROTTLED, latency=0.05)
-    assert c.news != news  # they hear of it with the next batch, not the next stats
+    assert c.news  # they hear of it with the next batch, not the next stats
+    assert c.export().throttled_at == 0.06
+    assert not c.news  # told
 
 
 def test_a_probe_exports_the_limit_it_returns_to() -> None:
-    # Its few in flight measure the store's unloaded latency: no limit for a peer to move to.
-    # (A peer moved halfway toward the probe's 8.)
-    # A pass that started past probe_limit took its unloaded latency under its own load:
-    # its first backoff probes (the module doc).
+    # Its few in flight measure the store's unloaded latency: no limit for a peer to move to
+    # (a peer moved halfway toward the probe's 8). A pass that started past probe_limit took
+    # its unloaded latency under its own load, so its first backoff probes (the module doc).
     c = _auto(config=ControlConfig(initial=64), learned=LimitState(limit=100.0))
     peer = _auto(learned=LimitState(limit=100.0))
     assert c._start_probe(0.0)

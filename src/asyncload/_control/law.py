@@ -245,6 +245,7 @@ class LimitController:
         # epoch's fastest answers above the first ones, which found the store idle).
         self._doubled = False
         self._requests = self._throttled = self._failed = self._cuts = self._backoffs = 0
+        self._cuts_exported = 0  # the cuts an export has told the other workers of (news)
         if learned is not None:
             self._adopt(learned, now)
         self._limit = self._clamp(self._limit)
@@ -361,18 +362,20 @@ class LimitController:
     # ── sharing ─────────────────────────────────────────────────────────────────────────────
 
     @property
-    def news(self) -> int:
-        """What the loader's other workers should hear at once rather than with the next
-        stats (every 0.2 s): it changes at each cut for a throttle, which cuts theirs too
-        (``merge``)."""
-        return self._cuts
+    def news(self) -> bool:
+        """Whether the loader's other workers should hear at once rather than with the next
+        stats (every 0.2 s): a cut for a throttle, which cuts theirs too (``merge``), that
+        no ``export`` has told of yet."""
+        return self._cuts != self._cuts_exported
 
     def export(self) -> LimitState:
         """What this controller learned, for the main process to pass on.
 
         During a probe, the limit it returns to: the probe's few in flight measure the
-        store, they are no limit for a peer to move toward (``merge``).
+        store, they are no limit for a peer to move toward (``merge``). The cuts so far are
+        told (``news``).
         """
+        self._cuts_exported = self._cuts
         return LimitState(
             limit=self._limit if self._probe_return is None else self._probe_return,
             base_latency=self._latency.base,

@@ -105,7 +105,6 @@ class Engine(MapFetching, IterFetching):
         self._batches = asyncio.Queue()
         # A new pass gets new slots; an adaptive limit starts where this one got to.
         self._sem = self._sem.renewed()
-        self._news_sent = 0  # its controller's count of cuts starts again
         self.recorder.on_throttle = self._sem.throttled
         self.recorder.in_flight = 0
 

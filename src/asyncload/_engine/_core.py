@@ -121,7 +121,6 @@ class EngineCore:
         self._starter: asyncio.Task[None] | None = None
         self._cancelling = False  # True while the engine itself cancels its tasks
         self._last_stats = 0.0
-        self._news_sent = 0  # LimitController.news, last sent
         # The CPU clocks when this pass began (_stats, loader.stats()'s stage figures): set
         # when the engine starts running (Engine.run) and at each StartPass.
         self._own_process = os.getpid() != cfg.main_pid
@@ -154,10 +153,7 @@ class EngineCore:
         """Where the adaptive limit got to, for the next pass's workers (``slots.learned_from``);
         ``None`` with a fixed one."""
         controller = self._sem.controller
-        if controller is None:
-            return None
-        self._news_sent = controller.news
-        return controller.export()
+        return None if controller is None else controller.export()
 
     def _cpu_clocks(self) -> tuple[float, float]:
         """(CPU seconds of this worker so far, of which on its lane)."""
@@ -226,7 +222,7 @@ class EngineCore:
         stats = self._stats(
             force=self.recorder.in_flight == 0
             or bool(skipped)
-            or (controller is not None and controller.news != self._news_sent)
+            or (controller is not None and controller.news)
         )
         self._put(
             Result(

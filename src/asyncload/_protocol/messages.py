@@ -26,10 +26,9 @@ Where a reply is unpacked (its shared memory mapped) and pinned, one place per k
 Between tasks, ``(freed, None)`` carries only releases, once a few have gathered (the
 look-ahead may send no task for many batches), and ``Peers`` carries what the other workers'
 adaptive limits learned (at most every ``PEERS_EVERY`` seconds, but at once for a throttle);
-neither gets a reply. Every
-task is answered by exactly one reply carrying the same ``send_idx``: a ``Result``, a
-``Failure`` or (iterable datasets) ``Exhausted``. The main process therefore knows at all times
-which tasks are outstanding on which worker.
+neither gets a reply. Every task is answered by exactly one reply carrying the same
+``send_idx``: a ``Result``, a ``Failure`` or (iterable datasets) ``Exhausted``. The main
+process therefore knows at all times which tasks are outstanding on which worker.
 
 The start-pass handshake (persistent workers, every pass after the first; ``Pass.restart``)::
 
