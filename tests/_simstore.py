@@ -176,6 +176,31 @@ class Fixed:
         self.in_flight -= 1
 
 
+class Leaving:
+    """A worker's limiter that stops sending once ``gone`` is set (its reader finished): the
+    requests it has in flight are still answered."""
+
+    def __init__(self, limiter: Limiter) -> None:
+        self.limiter = limiter
+        self.gone = False
+
+    @property
+    def limit(self) -> int:
+        return 0 if self.gone else self.limiter.limit
+
+    @property
+    def in_flight(self) -> int:
+        return self.limiter.in_flight
+
+    def started(self, now: float) -> None:
+        self.limiter.started(now)
+
+    def finished(
+        self, now: float, outcome: Outcome, latency: float, retry_after: float | None = None
+    ) -> None:
+        self.limiter.finished(now, outcome, latency, retry_after)
+
+
 @dataclass
 class Record:
     """What one worker saw: every answer and its limit over time."""
