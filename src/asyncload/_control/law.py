@@ -145,8 +145,18 @@ the worker's own CPU was free, 0.97 through the main process alone, 0.92 with th
 over HTTP 0.92, 1.00, not run, 0.96 (what landed instead: 1.00 and 1.00). In a traced S3 pass one
 worker's rise at 64 in flight took the other's doubling back: on two shared cores such a rise is
 the machine's, not the store's, and obstore reads on its own threads, where the CPU test does not
-look. Neither part landed. Not covered: a store at 500 ms that throttles synchronized bursts (0.56
-of the rate; pacing the sends would help).
+look. Neither part landed. The delay rule was also made to pass over a doubled epoch's first
+answers, to the requests the doubling sent at once: they wait behind the line of before only, and
+the line the doubling makes is in the answers to the requests sent after them. (d)'s whole-run p99
+fell in 6 interleaved pairs (median 97 ms against 144, peak in flight 128-161 against 192-248),
+less so in later runs (179-276 ms in 3 traced ones), and passes of 4,096 objects over HTTP ran at
+0.92 and 0.96 of the code before (2 of 6 pairs faster in each set; S3 0.98), with 6-15% more CPU
+per sample: on the loopback store's two shared cores slow start then ended at 64 per worker on the
+machine's own line instead of doubling on to 128-256, where more answers per turn of the loop
+cost each less. Passing over them only while the worker's CPU was free kept HTTP (1.00) but not
+(d) (median 159 ms against 172; the workers' start read as CPU-bound). It did not land
+(2026-11-29). Not covered: a store at 500 ms that throttles synchronized bursts (0.56 of the rate;
+pacing the sends would help).
 
 Where it runs: ``_engine/slots.py`` sizes a worker's fetch slots with it (one controller per
 worker, each sample one request; a storage attempt's throttle reaches it through
