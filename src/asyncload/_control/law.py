@@ -45,16 +45,18 @@ last decision: at least 16, at most 64, so about one round trip):
   again); in slow start, to half of it, taking back the doubling that overshot (four workers
   starting together on a 2,000/s bucket: 6% of the first second's answers throttled, 11% with
   a cut to 0.8; ``bench_autotune`` (c): 63-97 throttles in its first 0.5 s instead of 119-187).
-  The limit then follows CUBIC's curve: concave back to the throttled limit in 0.75 s, then
-  convex beyond it, or 10% per epoch where latency shows no queue, whichever is more; 1.5 times
-  past it with no throttle, the allowance rose and the curve is dropped. CUBIC's curve stays
-  flat around the throttled limit for a while: that held a loader whose peer had finished at
-  its own share for 1-2 s (``bench_autotune`` (c), 10 interleaved pairs: whole runs at
-  0.76-0.94 of the store's rate, median 0.82, 1.4% throttled, against 0.76-0.95, median 0.91,
-  1.75% throttled, growing past the concave part). ``Retry-After`` freezes growth for as long
-  as the server asked (the request itself waits in the retry path). Throttled below the last
-  ceiling, the ceiling drops to the middle (CUBIC's fast convergence), so workers sharing a
-  store come closer, slowly: the curve scales with each worker's own limit, so a cut and its
+  The limit then follows CUBIC's curve: concave back to the throttled limit in 0.75 s; then,
+  where latency shows no queue, the more of the curve's convex part and 10% per epoch, and
+  otherwise it holds; 1.5 times past it with no throttle, the allowance rose and the curve is
+  dropped. CUBIC's curve stays flat around the throttled limit for a while: that held a loader
+  whose peer had finished at its own share for 1-2 s (``bench_autotune`` (c), 10 interleaved
+  pairs: whole runs at a median 0.91 of the store's rate, 0.76-0.95, with 1.75% of requests
+  throttled, against 0.82, 0.76-0.94, and 1.4% with the flat part). ``Retry-After`` freezes
+  growth for as long as the server asked (the request itself waits in the retry path); a hold
+  longer than the concave part leaves the curve at the throttled limit. Throttled below the
+  last ceiling, the ceiling drops to the middle (CUBIC's fast convergence), so workers sharing
+  a store come closer, slowly (and more slowly since growth no longer waits on the lowered
+  ceiling's flat part): the curve scales with each worker's own limit, so a cut and its
   regrowth keep the ratio between two loaders that share nothing (``bench_autotune`` (c): one
   loader keeps 55-65% of the rate in some runs). TCP CUBIC's curve, in requests per second
   cubed and the same for every worker, would even them out; it made the simulated 2,000 ->
@@ -469,7 +471,8 @@ class LimitController:
             self._latency.note(now, learned.base_latency, self.config.max_samples)
             self._probed = True
         if learned.ceiling is not None:
-            # On the cubic curve's plateau: probe gently past the known ceiling.
+            # Back at the known ceiling, past the curve's concave part: grow past it while
+            # latency shows no queue, until a throttle says where the room ends.
             self._ceiling = learned.ceiling
             self._cut_at = now - self.config.recovery
         self._throttled_at = learned.throttled_at
@@ -510,10 +513,19 @@ class LimitController:
         self._cuts += 1
         self._new_epoch(now)
 
+    def _recovering(self, now: float) -> float:
+        """Seconds on the recovery curve: since the last cut, but where a ``Retry-After`` held
+        growth past the curve's concave part, back at the throttled limit when the hold ended
+        (the clock run through a hold of 5 s put the curve at 37 times that limit)."""
+        since = now - self._cut_at
+        if self._hold_until > self._cut_at:
+            since = min(since, self.config.recovery + max(0.0, now - self._hold_until))
+        return since
+
     def _cubic(self, now: float) -> float:
         assert self._ceiling is not None
         cfg = self.config
-        x = (now - self._cut_at) / cfg.recovery - 1.0
+        x = self._recovering(now) / cfg.recovery - 1.0
         # Concave back to the ceiling over `recovery` seconds, flat around it, convex beyond
         # (where latency shows no queue, _end_epoch grows faster than the flat part).
         return self._ceiling * (1.0 + (1.0 - cfg.backoff) * x**3)
@@ -609,13 +621,13 @@ class LimitController:
         elif now < self._hold_until or not used:
             pass
         elif self._ceiling is not None:
-            free = ratio < cfg.low or queued < cfg.queue_floor
-            if free or now - self._cut_at < cfg.recovery:
+            if self._recovering(now) < cfg.recovery:
                 limit = max(limit, self._cubic(now))
-            if free and now - self._cut_at >= cfg.recovery:
+            elif ratio < cfg.low or queued < cfg.queue_floor:
                 # Back at the throttled limit with no queue: the store may have room that
                 # another reader left (module doc); the next throttle says if not.
-                limit = max(limit, self._limit + max(1.0, self._limit * cfg.growth))
+                grown = self._limit + max(1.0, self._limit * cfg.growth)
+                limit = max(limit, self._cubic(now), grown)
             if limit >= cfg.probe * self._ceiling:
                 # Well past what was throttled and no throttle since: the allowance rose.
                 self._ceiling = None

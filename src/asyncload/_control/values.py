@@ -75,7 +75,7 @@ class ControlConfig:
     """Seconds a cut takes to grow back to the limit that was throttled (CUBIC's K)."""
     probe: float = 1.5
     """Past this multiple of the throttled limit with no throttle, the store's allowance has
-    risen: the cubic curve gives way to ``growth`` per round trip."""
+    risen: the throttled limit is forgotten (no cubic curve, no fast convergence toward it)."""
     base_window: float = 10.0
     """Seconds an unloaded latency is remembered (a store's latency can change)."""
     min_samples: int = 16
