@@ -37,6 +37,7 @@ Figures of the control law on these stores (simulated, one worker unless said):
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -213,27 +214,46 @@ def test_a_pass_that_starts_at_a_batchs_worth_measures_the_unloaded_latency_agai
 # ── (d) a throttled burst ────────────────────────────────────────────────────────────────────
 
 
+def _throttled_burst(
+    retry_after: float | None,
+    start: float,
+    end: float,
+    duration: float,
+    after: Callable[[Sim, LimitController, dict[str, float]], None] | None = None,
+) -> tuple[list[Worker], LimitController, dict[str, float]]:
+    """One controller on a store that throttles all but 100 requests/s from *start* to *end*
+    (each throttle with *retry_after*), with no limit before or after (the worker's CPU makes
+    the knee, ~200 in flight). The figures, the controller, and its limit just before the
+    burst ("before") and at its end ("during"); *after* runs every tick after the burst."""
+    bucket = TokenBucket(1e9, 1e9, latency=0.05, retry_after=retry_after)  # no limit at first
+    controller = _auto()
+    seen: dict[str, float] = {}
+
+    def each(sim: Sim, workers: list[Worker]) -> None:
+        if sim.now >= start - 1e-9 and "before" not in seen:
+            seen["before"] = controller.limit
+            bucket.rate, bucket.burst, bucket.tokens = 100.0, 1.0, 0.0  # the store throttles
+        if sim.now >= end - 1e-9 and "during" not in seen:
+            seen["during"] = controller.limit
+            bucket.rate, bucket.burst = 1e9, 1e9  # and stops
+        if "during" in seen and after is not None:
+            after(sim, controller, seen)
+
+    store = ClientCpu(bucket, cost=0.00025)
+    ws = simulate(store, [controller], duration, every=0.01, each=each)
+    return ws, controller, seen
+
+
 @pytest.mark.parametrize("retry_after", [None, 1.0])
 def test_a_throttled_burst_cuts_the_limit_at_once_and_it_recovers(
     retry_after: float | None,
 ) -> None:
-    bucket = TokenBucket(1e9, 1e9, latency=0.05, retry_after=retry_after)  # no limit at first
-    store = ClientCpu(bucket, cost=0.00025)  # ~200 in flight is where latency starts to grow
-    controller = _auto()
-    seen: dict[str, int] = {}
-
-    def each(sim: Sim, workers: list[Worker]) -> None:
-        if sim.now >= 3.0 - 1e-9 and "before" not in seen:
-            seen["before"] = controller.limit
-            bucket.rate, bucket.burst, bucket.tokens = 100.0, 1.0, 0.0  # the store throttles
-        if sim.now >= 3.3 - 1e-9 and "during" not in seen:
-            seen["during"] = controller.limit
-            bucket.rate, bucket.burst = 1e9, 1e9  # and stops
-        if retry_after and 3.3 <= sim.now < 3.3 + retry_after - 0.1:
+    def held(sim: Sim, controller: LimitController, seen: dict[str, float]) -> None:
+        if retry_after and sim.now < 3.3 + retry_after - 0.1:
             # Retry-After holds growth for the time the server asked for.
             seen["held_max"] = max(seen.get("held_max", 0), controller.limit)
 
-    ws = simulate(store, [controller], 8.0, each=each)
+    ws, controller, seen = _throttled_burst(retry_after, 3.0, 3.3, 8.0, held)
     assert controller.stats().cuts >= 1
     assert seen["during"] <= 0.8 * seen["before"], seen
     if retry_after:
@@ -247,23 +267,13 @@ def test_a_throttled_burst_cuts_the_limit_at_once_and_it_recovers(
 def test_a_long_retry_after_resumes_growth_at_the_throttled_limit() -> None:
     # A throttle that asks for 5 s holds growth that long; then the limit grows on from what
     # was throttled. The curve's clock run through the hold put it at 37 times that: the cap.
-    bucket = TokenBucket(1e9, 1e9, latency=0.05, retry_after=5.0)
-    controller = _auto()
-    seen: dict[str, float] = {}
-
-    def each(sim: Sim, workers: list[Worker]) -> None:
-        if sim.now >= 2.0 - 1e-9 and "before" not in seen:
-            seen["before"] = controller.limit
-            bucket.rate, bucket.burst, bucket.tokens = 100.0, 1.0, 0.0  # the store throttles
-        if sim.now >= 2.2 - 1e-9 and "during" not in seen:
-            seen["during"] = controller.limit
-            bucket.rate, bucket.burst = 1e9, 1e9  # and stops, asking for 5 s
-        if "during" in seen and controller.stats(sim.now).phase != "held":
+    def freed(sim: Sim, controller: LimitController, seen: dict[str, float]) -> None:
+        if controller.stats(sim.now).phase != "held":
             seen.setdefault("free_at", sim.now)
             if sim.now <= seen["free_at"] + 0.1:
                 seen["after"] = max(seen.get("after", 0), controller.limit)
 
-    simulate(ClientCpu(bucket, cost=0.00025), [controller], 8.0, every=0.01, each=each)
+    _, _, seen = _throttled_burst(5.0, 2.0, 2.2, 8.0, freed)
     assert seen["during"] <= 0.8 * seen["before"], seen
     assert 7.0 <= seen["free_at"] <= 7.5, seen  # held for the 5 s asked
     assert seen["after"] <= 1.25 * seen["before"], seen
