@@ -46,17 +46,18 @@ last decision: at least 16, at most 64, so about one round trip):
   starting together on a 2,000/s bucket: 6% of the first second's answers throttled, 11% with
   a cut to 0.8; ``bench_autotune`` (c): 63-97 throttles in its first 0.5 s instead of 119-187).
   The limit then follows CUBIC's curve: concave back to the throttled limit in 0.75 s; then,
-  where latency shows no queue, the more of the curve's convex part and 10% per epoch, and
-  otherwise it holds; 1.5 times past it with no throttle, the allowance rose and the curve is
-  dropped. CUBIC's curve stays flat around the throttled limit for a while: that held a loader
-  whose peer had finished at its own share for 1-2 s (``bench_autotune`` (c), 10 interleaved
-  pairs: whole runs at a median 0.91 of the store's rate, 0.76-0.95, with 1.75% of requests
-  throttled, against 0.82, 0.76-0.94, and 1.4% with the flat part). ``Retry-After`` freezes
-  growth for as long as the server asked (the request itself waits in the retry path); a hold
-  longer than the concave part leaves the curve at the throttled limit. Throttled below the
-  last ceiling, the ceiling drops to the middle (CUBIC's fast convergence), so workers sharing
-  a store come closer, slowly (and more slowly since growth no longer waits on the lowered
-  ceiling's flat part): the curve scales with each worker's own limit, so a cut and its
+  where latency shows no queue, the more of the curve's convex part (at most a quarter more an
+  epoch: its clock runs on while the worker pauses, ``ControlConfig.convex_step``) and 10% per
+  epoch, and otherwise it holds; 1.5 times past it with no throttle, the allowance rose and
+  the curve is dropped. CUBIC's curve stays flat around the throttled limit for a while: that
+  held a loader whose peer had finished at its own share for 1-2 s (``bench_autotune`` (c), 10
+  interleaved pairs: whole runs at a median 0.91 of the store's rate, 0.76-0.95, with 1.75% of
+  requests throttled, against 0.82, 0.76-0.94, and 1.4% with the flat part). ``Retry-After``
+  freezes growth for as long as the server asked (the request itself waits in the retry path);
+  a hold longer than the concave part leaves the curve at the throttled limit. Throttled below
+  the last ceiling, the ceiling drops to the middle (CUBIC's fast convergence), so workers
+  sharing a store come closer, slowly (and more slowly since growth no longer waits on the
+  lowered ceiling's flat part): the curve scales with each worker's own limit, so a cut and its
   regrowth keep the ratio between two loaders that share nothing (``bench_autotune`` (c): one
   loader keeps 55-65% of the rate in some runs). TCP CUBIC's curve, in requests per second
   cubed and the same for every worker, would even them out; it made the simulated 2,000 ->
@@ -626,8 +627,10 @@ class LimitController:
             elif ratio < cfg.low or queued < cfg.queue_floor:
                 # Back at the throttled limit with no queue: the store may have room that
                 # another reader left (module doc); the next throttle says if not.
+                # The convex part by one step an epoch at most (ControlConfig.convex_step).
+                convex = min(self._cubic(now), self._limit * cfg.convex_step)
                 grown = self._limit + max(1.0, self._limit * cfg.growth)
-                limit = max(limit, self._cubic(now), grown)
+                limit = max(limit, convex, grown)
             if limit >= cfg.probe * self._ceiling:
                 # Well past what was throttled and no throttle since: the allowance rose.
                 self._ceiling = None
