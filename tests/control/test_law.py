@@ -26,7 +26,7 @@ Figures of the control law on these stores (simulated, one worker unless said):
   the first 0.5 s over which the other two average 0.9 of the rate starts 0.6-0.9 s later.
 * (k) one worker on (b)'s store that pauses for 5 s: in the second after it reads again,
   3.3-3.7% of its requests are throttled (61% when the recovery curve's clock, run through
-  the pause, took the limit to the cap at once).
+  the pause, took the limit to max_limit at once).
 * (h) two workers starting at a batch's worth (32 each) on a store that serves 8 at once for
   5 ms after 20 ms (knee ~40 in flight): over seconds 3-6, p99 1.29-1.84x the unloaded p99
   (median of eight seeds 1.40x) with the probe, 1.61-2.52x (1.98x) without; goodput 0.98-1.02
@@ -286,24 +286,28 @@ def test_a_long_retry_after_resumes_growth_at_the_throttled_limit() -> None:
 def test_a_pause_in_reading_does_not_jump_the_limit(seed: int) -> None:
     # Throttled now and then on a 2,000/s bucket, then no reading for 5 s (an evaluation),
     # then reading again. The recovery curve's clock ran through the pause: its value 5 s
-    # after the last cut is 37 times the throttled limit, and the first epoch jumped there
-    # (the cap, 1,024: 59% of the next second's requests throttled).
+    # after the last cut is 37 times the throttled limit, and the first epoch jumped toward
+    # it (clamped at max_limit, 1,024: 61% of the next second's requests throttled).
     c = _auto()
     reader = Leaving(c)
     seen: dict[str, float] = {}
 
     def each(sim: Sim, workers: list[Worker]) -> None:
-        if 4.0 <= sim.now < 9.0:
-            seen.setdefault("before", c.limit)
-            reader.gone = True  # paused
+        if 4.0 - 1e-9 <= sim.now < 9.0 - 1e-9:
+            if "before" not in seen:  # the pause begins
+                seen["before"], seen["cuts"] = c.limit, c.stats().cuts
+                seen["recovering"] = c.stats(sim.now).phase == "recovering"
+            reader.gone = True
         elif reader.gone:
             reader.gone = False
             workers[0].start()
-        if sim.now >= 9.0:
+        if sim.now >= 9.0 - 1e-9:
             seen["after"] = max(seen.get("after", 0), c.limit)
 
     ws = simulate(TokenBucket(2000, 200, latency=0.05), [reader], 10.0, seed=seed, each=each)
-    assert c.stats().cuts >= 2  # throttled before the pause
+    # Paused while on the recovery curve of its last throttle (not its first).
+    assert seen["cuts"] >= 2, seen
+    assert seen["recovering"], seen
     assert seen["after"] <= 2 * seen["before"], seen
     resumed = figures(ws, 9.0, 10.0)
     assert resumed.goodput >= 0.9 * 2000, resumed

@@ -80,10 +80,10 @@ class ControlConfig:
     """Most the recovery curve's convex part multiplies the limit by in one epoch. Its clock
     runs in wall time, also while the worker reads nothing (a pause for evaluation) or less
     than half its limit: after a pause of 5 s, the first epoch jumped toward 37 times the
-    throttled limit (to the cap), and 61% of the next second's requests were throttled
-    (simulated, 3 seeds; 3.3-3.7% with this step). At 500 ms a round trip (an epoch each), it
-    passes 1.5 times the throttled limit in the same third epoch past the concave part as the
-    curve does."""
+    throttled limit (clamped at max_limit), and 61% of the next second's requests were
+    throttled (simulated, 3 seeds; 3.3-3.7% with this step). Where epochs last 0.25 s or more
+    (stores of ~150 ms and slower) it binds without a pause too: the limit then passes 1.5
+    times the throttled limit at most one epoch later than the curve would take it there."""
     base_window: float = 10.0
     """Seconds an unloaded latency is remembered (a store's latency can change)."""
     min_samples: int = 16
