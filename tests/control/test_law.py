@@ -16,17 +16,13 @@ Figures of the control law on these stores (simulated, one worker unless said):
   sweep's best, p99 1.23/1.44/1.18 x unloaded.
 * (d) a burst of throttles cuts the limit to <= 0.8 of it; goodput is back to >= 0.9 within 3 s.
   With ``Retry-After: 5``, growth waits 5 s and goes on from the throttled limit (not from the
-  curve's value 5 s after the cut: 4 times it, the cap).
+  curve's value 5 s after the cut, 37 times it: the first epoch went to max_limit, 4 times the
+  limit before the burst).
 * (e) two workers sharing states twice a second on (b)'s store: 1.001 of the rate together,
   0.85% throttled, 1,007/s and 994/s each.
 * (g) the store's rate changed at 5 s, time until every 1 s window has >= 0.9 of the new rate
   and <= 5% throttled: 2,000->1,000 0.4 s, 1,000->2,000 0.3 s, 2,000->500 0.3 s,
   500->3,000 1.5 s.
-* (j) four workers that know nothing of each other on (b)'s store, two of which stop at 2 s:
-  the first 0.5 s over which the other two average 0.9 of the rate starts 0.6-0.9 s later.
-* (k) one worker on (b)'s store that pauses for 5 s: in the second after it reads again,
-  3.3-3.7% of its requests are throttled (61% when the recovery curve's clock, run through
-  the pause, took the limit to max_limit at once).
 * (h) two workers starting at a batch's worth (32 each) on a store that serves 8 at once for
   5 ms after 20 ms (knee ~40 in flight): over seconds 3-6, p99 1.29-1.84x the unloaded p99
   (median of eight seeds 1.40x) with the probe, 1.61-2.52x (1.98x) without; goodput 0.98-1.02
@@ -35,6 +31,11 @@ Figures of the control law on these stores (simulated, one worker unless said):
 * (i) a worker bound by its own CPU (0.5 ms per answer, 2,000/s) on a 50 ms store, starting at
   64: 0.99 of the best fixed value over the whole 3 s when it reports ``cpu_bound``, 0.96
   when it does not and probes at probe_limit in flight after its backoff.
+* (j) four workers that know nothing of each other on (b)'s store, two of which stop at 2 s:
+  the first 0.5 s over which the other two average 0.9 of the rate starts 0.6-0.9 s later.
+* (k) one worker on (b)'s store that pauses for 5 s: in the second after it reads again,
+  3.3-3.7% of its requests are throttled (61% when the recovery curve's clock, run through
+  the pause, took the limit to max_limit at once).
 """
 
 from __future__ import annotations
@@ -226,8 +227,9 @@ def _throttled_burst(
 ) -> tuple[list[Worker], LimitController, dict[str, float]]:
     """One controller on a store that throttles all but 100 requests/s from *start* to *end*
     (each throttle with *retry_after*), with no limit before or after (the worker's CPU makes
-    the knee, ~200 in flight). The figures, the controller, and its limit just before the
-    burst ("before") and at its end ("during"); *after* runs every tick after the burst."""
+    the knee, ~200 in flight). The simulated workers, the controller, and its limit just
+    before the burst ("before") and at its end ("during"); *after* runs every tick after the
+    burst."""
     bucket = TokenBucket(1e9, 1e9, latency=0.05, retry_after=retry_after)  # no limit at first
     controller = _auto()
     seen: dict[str, float] = {}
@@ -269,7 +271,8 @@ def test_a_throttled_burst_cuts_the_limit_at_once_and_it_recovers(
 
 def test_a_long_retry_after_resumes_growth_at_the_throttled_limit() -> None:
     # A throttle that asks for 5 s holds growth that long; then the limit grows on from what
-    # was throttled. The curve's clock run through the hold put it at 37 times that: the cap.
+    # was throttled. The curve's clock run through the hold put it at 37 times that (clamped
+    # at max_limit).
     def freed(sim: Sim, controller: LimitController, seen: dict[str, float]) -> None:
         if controller.stats(sim.now).phase != "held":
             seen.setdefault("free_at", sim.now)

@@ -528,7 +528,8 @@ class LimitController:
         cfg = self.config
         x = self._recovering(now) / cfg.recovery - 1.0
         # Concave back to the ceiling over `recovery` seconds, flat around it, convex beyond
-        # (where latency shows no queue, _end_epoch grows faster than the flat part).
+        # (past the concave part _end_epoch grows at least 10% an epoch where latency shows no
+        # queue, and the convex part by at most ControlConfig.convex_step).
         return self._ceiling * (1.0 + (1.0 - cfg.backoff) * x**3)
 
     def _rose(self, now: float) -> None:
