@@ -7,6 +7,7 @@ after a poll), and busy-waits for decodes. Counts, not durations, are asserted.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import time
 from collections.abc import Coroutine
 from pathlib import Path
@@ -27,8 +28,9 @@ T = TypeVar("T")
 
 async def _pause() -> None:
     """What ``asyncload.read`` does once it has the bytes."""
-    if _turns.due():
-        await asyncio.sleep(0)
+    loop_turns = _turns.turns.get()
+    if loop_turns is not None and loop_turns.must_wait():
+        await loop_turns.wait()
 
 
 DECODES = 20
@@ -142,3 +144,50 @@ def test_storage_reads_pause_on_a_busy_loop(tmp_path: Path) -> None:
         return loop_turns.pauses
 
     assert asyncio.run(main()) >= 1
+
+
+batch: contextvars.ContextVar[int] = contextvars.ContextVar("batch", default=0)
+
+
+def test_reads_that_wait_go_on_the_head_batchs_first() -> None:
+    # The engine's batches, the head batch 0, their samples' reads finished in one busy turn in
+    # another order: their inline work then runs batch by batch, in order within each.
+    async def main() -> list[tuple[int, int]]:
+        order: list[tuple[int, int]] = []
+
+        async def sample(b: int, k: int) -> None:
+            batch.set(b)
+            await _pause()
+            order.append((b, k))
+
+        loop_turns = _turns.LoopTurns(budget=0.0, priority=batch.get)
+        with _turns.using(loop_turns):
+            await asyncio.gather(*(sample(b, k) for k in range(3) for b in (3, 1, 2, 0)))
+        assert not loop_turns._letting_go  # nothing waits, no callback left queued
+        return order
+
+    order = _on_uvloop(main())
+    # The first read found the turn within its budget and went on; every other one waited.
+    assert order[0] == (3, 0)
+    assert order[1:] == sorted(order[1:])
+
+
+def test_a_read_cancelled_while_it_waits_lets_the_others_go() -> None:
+    async def main() -> tuple[list[int], bool]:
+        went: list[int] = []
+
+        async def sample(k: int) -> None:
+            await _pause()
+            went.append(k)
+
+        loop_turns = _turns.LoopTurns(budget=0.0)
+        with _turns.using(loop_turns):
+            tasks = [asyncio.create_task(sample(k)) for k in range(5)]
+            await asyncio.sleep(0)  # every task has read; all but the first wait
+            tasks[2].cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        return went, not loop_turns._letting_go
+
+    went, idle = _on_uvloop(main())
+    assert went == [0, 1, 3, 4]
+    assert idle

@@ -13,7 +13,6 @@ themselves.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
@@ -149,9 +148,11 @@ async def read(url: str, *, start: int | None = None, end: int | None = None) ->
         data = await _fetch(backend, url, start, end, options)
     _stats.note_bytes(len(data))
     # What the caller does next is often a decode, inline: let the loop read the answers that
-    # arrived meanwhile first, if it has been busy (``_control/turns.py``).
-    if _turns.due():
-        await asyncio.sleep(0)
+    # arrived meanwhile first, if it has been busy, and the head batch's samples go first
+    # (``_control/turns.py``).
+    loop_turns = _turns.turns.get()
+    if loop_turns is not None and loop_turns.must_wait():
+        await loop_turns.wait()
     return data
 
 

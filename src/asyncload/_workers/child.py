@@ -281,7 +281,7 @@ def run_engine(
         started(loop, inbox)
         # The engine's tasks copy this context: the lane, and the loop's turns that a read
         # yields to before an inline decode (_control/turns.py).
-        with _cpu.using(lane), _turns.using(_turns.LoopTurns()):
+        with _cpu.using(lane), _turns.using(_turns.LoopTurns(priority=_cpu.priority.get)):
             loop.run_until_complete(engine.run(inbox))
     finally:
         lane.shutdown(wait=False, cancel_futures=True)
