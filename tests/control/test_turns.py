@@ -28,8 +28,8 @@ T = TypeVar("T")
 
 async def _pause() -> None:
     """What ``asyncload.read`` does once it has the bytes."""
-    loop_turns = _turns.turns.get()
-    if loop_turns is not None and loop_turns.must_wait():
+    loop_turns = _turns.must_wait()
+    if loop_turns is not None:
         await loop_turns.wait()
 
 
@@ -123,7 +123,7 @@ def test_outside_an_engine_reads_never_pause() -> None:
         said = []
         for _ in range(3):  # all in one turn: with turns of budget 0, the second would wait
             _decode()
-            said.append(_turns.due())
+            said.append(_turns.must_wait() is not None)
         return said
 
     assert _turns.turns.get() is None
@@ -157,6 +157,7 @@ def test_reads_that_wait_go_on_the_head_batchs_first() -> None:
 
         async def sample(b: int, k: int) -> None:
             batch.set(b)
+            _decode()  # the turn's CPU clock moves on: past a budget of 0 at the next read
             await _pause()
             order.append((b, k))
 
@@ -191,3 +192,66 @@ def test_a_read_cancelled_while_it_waits_lets_the_others_go() -> None:
     went, idle = _on_uvloop(main())
     assert went == [0, 1, 3, 4]
     assert idle
+
+
+def test_a_read_that_finishes_while_others_are_let_go_goes_behind_them() -> None:
+    # Reads let go resume a turn later; one that finishes meanwhile (a task queued behind the
+    # callback that let them go) must not go first.
+    async def main() -> list[int]:
+        order: list[int] = []
+
+        async def sample(b: int) -> None:
+            batch.set(b)
+            _decode()
+            await _pause()
+            order.append(b)
+
+        loop_turns = _turns.LoopTurns(budget=0.0, priority=batch.get)
+        with _turns.using(loop_turns):
+            first = [asyncio.create_task(sample(b)) for b in (5, 0)]
+            await asyncio.sleep(0)  # 5 went on (the turn's first read), 0 waits
+            late = asyncio.create_task(sample(9))  # runs after the callback that lets 0 go
+            await asyncio.gather(*first, late)
+        return order
+
+    assert _on_uvloop(main()) == [5, 0, 9]
+
+
+def test_a_read_waits_behind_others_in_line_within_the_budget() -> None:
+    # A large budget: only the line makes the second read wait, and the head batch goes first.
+    async def main() -> tuple[list[int], int]:
+        order: list[int] = []
+        loop_turns = _turns.LoopTurns(budget=60.0, priority=batch.get)
+
+        async def sample(b: int, *, forced: bool = False) -> None:
+            batch.set(b)
+            if forced:
+                await loop_turns.wait()  # as a read past the budget would
+            else:
+                await _pause()
+            order.append(b)
+
+        with _turns.using(loop_turns):
+            await asyncio.gather(sample(1, forced=True), sample(0))
+        return order, loop_turns.pauses
+
+    order, pauses = _on_uvloop(main())
+    assert order == [0, 1]
+    assert pauses == 0  # the budget never ran out: the line alone held the second read
+
+
+def test_reads_on_another_loop_neither_wait_nor_count() -> None:
+    # A worker's turns are its loop's: a read_sync in a thread that copied the worker's
+    # context runs on a loop of its own, and never waits on (or wakes) the worker's.
+    async def other_loop_checks(loop_turns: _turns.LoopTurns) -> bool:
+        return loop_turns.must_wait()
+
+    async def main() -> tuple[bool, bool]:
+        loop_turns = _turns.LoopTurns(budget=0.0, loop=asyncio.get_running_loop())
+        loop_turns.due()
+        _decode()
+        here = loop_turns.must_wait()  # past the budget on its own loop
+        there = await asyncio.to_thread(asyncio.run, other_loop_checks(loop_turns))
+        return here, there
+
+    assert _on_uvloop(main()) == (True, False)

@@ -28,13 +28,14 @@ since then the check reads the thread's CPU clock (a system call) only once the 
 is past the budget, and the poll's callback reads none: 160 ns a check instead of 590, 32
 checks a turn (``LoopTurns.due``).
 
-The reads that wait go on in the next turn in order of need: the batch their sample belongs to
+The reads that wait go on in a later turn in order of need: the batch their sample belongs to
 (the engine's send order, the head batch first; ``_dataset/cpu.py``'s ``priority``), then the
-order they came in, and a read that finishes while others wait waits behind them, so it cannot
-take their place. That is the CPU lane's order (``_dataset/cpu.py``) for the work a worker does
-inline. In arrival order (``asyncio.sleep(0)``, before 2026-11-29), a worker decoding JPEGs from
-local files decoded three or four batches interleaved, and a pass delivered its 3rd and 4th
-batches after 0.8-1.1 s where torch's DataLoader did after 0.5 s (0.6-0.8 s in batch order).
+order they came in, and a read that finishes while others are in line waits behind them, so it
+cannot take their place. That is the CPU lane's order (``_dataset/cpu.py``) for the work a worker
+does inline. In arrival order (``asyncio.sleep(0)``, before 2026-11-29), a worker decoding JPEGs
+from local files decoded three or four batches interleaved, and a pass delivered its 4th batch
+after 0.8-1.1 s where torch's DataLoader did after 0.5 s. Iterable datasets set no priority
+(their reads go in arrival order), and a cache hit returns before the check.
 
 The loop's last poll is seen by a callback queued with ``call_soon``, which runs right after
 the next poll; one is queued at a time, and only while reads finish, so an idle loop stays idle.
@@ -48,12 +49,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-import heapq
 import itertools
 import time
 from collections.abc import Callable, Iterator
 
-__all__ = ["TURN_BUDGET", "LoopTurns", "due", "turns", "using"]
+__all__ = ["TURN_BUDGET", "LoopTurns", "must_wait", "turns", "using"]
 
 TURN_BUDGET = 0.01
 """CPU seconds of the loop's thread after a poll of its sockets, past which a finished read
@@ -67,14 +67,17 @@ class LoopTurns:
     the budget on the loop thread's CPU clock, and the reads that wait, in line by batch.
 
     ``due`` and ``must_wait`` are checks, not coroutines: they run on every read of a worker
-    (the per-sample path). A read that must wait (its turn is past the budget, or others wait
-    already) awaits ``wait``; the next turn lets them all go in order of ``priority`` (the
-    batch a sample belongs to, the head batch's first), then of arrival.
+    (the per-sample path). A read that must wait (its turn is past the budget, or others are
+    in line: waiting, or let go and not yet resumed) awaits ``wait``; a later turn lets them
+    all go in order of ``priority`` (the batch a sample belongs to, the head batch's first),
+    then of arrival. Reads on any other loop (a ``read_sync`` on its own, in a thread that
+    copied the worker's context) neither wait nor count.
 
     Args:
         budget: CPU seconds after a poll past which ``due`` says to wait for the next one.
-        priority: The running sample's priority (the engine's batch order); reads outside
-            any batch share one, after every batch's.
+        loop: The loop whose turns these are; ``None``: the first that reads.
+        priority: The running sample's priority; a worker passes the engine's batch order
+            (``_dataset/cpu.py``'s ``priority``). ``None``: one for all, in arrival order.
 
     Examples:
         >>> import asyncio
@@ -92,7 +95,9 @@ class LoopTurns:
         "_armed",
         "_busy_cpu",
         "_busy_wall",
+        "_in_line",
         "_letting_go",
+        "_loop",
         "_order",
         "_priority",
         "_waiting",
@@ -101,7 +106,11 @@ class LoopTurns:
     )
 
     def __init__(
-        self, budget: float = TURN_BUDGET, *, priority: Callable[[], int] | None = None
+        self,
+        budget: float = TURN_BUDGET,
+        *,
+        loop: asyncio.AbstractEventLoop | None = None,
+        priority: Callable[[], int] | None = None,
     ) -> None:
         self.budget = budget
         self.pauses = 0
@@ -112,9 +121,12 @@ class LoopTurns:
         self._busy_wall = 0.0
         self._armed = False
         self._priority = priority or _no_priority
-        # The reads that wait, a heap of (priority, arrival, future), and whether the callback
-        # that lets them go in the next turn (_next_turn) is queued.
+        self._loop = loop
+        # The reads that wait, (priority, arrival, future) each; those in line, let go or
+        # not (a read let go resumes a turn later: until then, one that finishes waits too);
+        # and whether the callback that lets them go (_next_turn) is queued.
         self._waiting: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._in_line = 0
         self._order = itertools.count()
         self._letting_go = False
 
@@ -127,8 +139,7 @@ class LoopTurns:
     def due(self) -> bool:
         """Whether the loop's thread has run over ``budget`` of CPU in this turn, since the
         first read that finished in it (the first call since the last poll): the caller should
-        then wait for the next poll (``await asyncio.sleep(0)``). Called from a task of the
-        loop."""
+        then wait for a later poll (``wait``). Called from a task of the loop."""
         if not self._armed:
             # Nothing watches this turn yet (the loop may have slept since the last mark): it
             # has been busy since now at least; the next poll marks the turn's end.
@@ -154,27 +165,38 @@ class LoopTurns:
 
     def must_wait(self) -> bool:
         """Whether a read that just finished should ``wait``: its turn ran past the budget
-        (``due``), or reads wait already (going past them would take their place)."""
-        return bool(self._waiting) or self.due()
+        (``due``), or reads are in line (going past them would take their place). Called from
+        a task of a running loop: on another than this one's, never."""
+        loop = asyncio.get_running_loop()
+        if self._loop is None:
+            self._loop = loop
+        elif loop is not self._loop:
+            return False
+        return self._in_line > 0 or self.due()
 
     async def wait(self) -> None:
-        """Wait for the next turn of the loop, in line by the running sample's priority.
+        """Wait for a later turn of the loop, in line by the running sample's priority.
 
-        The next turn, after a poll, lets every read that waits go, the head batch's first:
-        their samples' inline work runs in that order. ``asyncio.sleep(0)`` let them go in the
-        order they came, and a worker decoding JPEGs inline from local files decoded the
-        samples of three or four batches interleaved: a read handed to a thread (its file not
-        in the page cache) came back two turns of 60 decodes later, at the back of the line,
-        and held its batch 0.3 s (a whole pass's 3rd and 4th batches came after 0.8-1.1 s,
-        against 0.5 s from torch's DataLoader; 0.6-0.8 s now).
+        The next turn, after a poll, lets every read that waits go, the head batch's first,
+        and they resume in that order in the turn after it: their samples' inline work runs
+        in that order, and reads that finish meanwhile wait behind them. ``asyncio.sleep(0)``
+        let them go in the order they came, and a worker decoding JPEGs inline from local
+        files decoded the samples of three or four batches interleaved: a read handed to a
+        thread (its file not in the page cache) came back two turns of 60 decodes later, at
+        the back of the line, and held its batch 0.3 s (a whole pass's 3rd and 4th batches
+        came after 0.8-1.1 s, against 0.5 s from torch's DataLoader).
         """
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
-        heapq.heappush(self._waiting, (self._priority(), next(self._order), future))
+        self._waiting.append((self._priority(), next(self._order), future))
         if not self._letting_go:
             self._letting_go = True
             loop.call_soon(self._next_turn)
-        await future
+        self._in_line += 1
+        try:
+            await future
+        finally:
+            self._in_line -= 1
 
     def _next_turn(self) -> None:
         # Queued with call_soon: runs in the next turn, after its poll. All go, not a budget's
@@ -182,9 +204,9 @@ class LoopTurns:
         # (bench_pipeline's JPEGs at 50 ms, 5 interleaved pairs: a median 0.86 of the rate,
         # with more CPU a sample in every pair).
         self._letting_go = False
-        waiting = self._waiting
-        while waiting:
-            future = heapq.heappop(waiting)[2]
+        waiting, self._waiting = self._waiting, []
+        waiting.sort()  # arrival numbers are unique: futures are never compared
+        for _, _, future in waiting:
             if not future.done():  # not cancelled with its sample
                 future.set_result(None)
 
@@ -199,10 +221,13 @@ def _no_priority() -> int:
     return 0
 
 
-def due() -> bool:
-    """``LoopTurns.due`` of the running engine's loop; ``False`` outside an engine."""
+def must_wait() -> LoopTurns | None:
+    """The running engine's ``LoopTurns`` if a read that just finished should wait for it
+    (``await it.wait()``), else ``None``: ``LoopTurns.must_wait`` of the loop's turns, and
+    ``None`` outside an engine. A check, not a coroutine: the per-sample path pays no
+    coroutine where the read goes on at once."""
     current = turns.get()
-    return current is not None and current.due()
+    return current if current is not None and current.must_wait() else None
 
 
 @contextlib.contextmanager

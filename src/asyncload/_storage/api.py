@@ -150,8 +150,8 @@ async def read(url: str, *, start: int | None = None, end: int | None = None) ->
     # What the caller does next is often a decode, inline: let the loop read the answers that
     # arrived meanwhile first, if it has been busy, and the head batch's samples go first
     # (``_control/turns.py``).
-    loop_turns = _turns.turns.get()
-    if loop_turns is not None and loop_turns.must_wait():
+    loop_turns = _turns.must_wait()
+    if loop_turns is not None:
         await loop_turns.wait()
     return data
 

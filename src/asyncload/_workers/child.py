@@ -281,7 +281,8 @@ def run_engine(
         started(loop, inbox)
         # The engine's tasks copy this context: the lane, and the loop's turns that a read
         # yields to before an inline decode (_control/turns.py).
-        with _cpu.using(lane), _turns.using(_turns.LoopTurns(priority=_cpu.priority.get)):
+        loop_turns = _turns.LoopTurns(loop=loop, priority=_cpu.priority.get)
+        with _cpu.using(lane), _turns.using(loop_turns):
             loop.run_until_complete(engine.run(inbox))
     finally:
         lane.shutdown(wait=False, cancel_futures=True)
