@@ -39,8 +39,15 @@ processes; user + system, reaped children included; the object server is NOT cou
 stands in for remote storage) and, separately, the object server's CPU ms/sample; the share
 of the machine's CPU time that was idle during the row (``/proc/stat``; ``-`` for the ceiling,
 whose processes load before they start, and where there is no ``/proc``); the ratios to torch
-over local files and to the CPU ceiling of the same pipeline. Every row checks that
-each sample index arrived exactly once and that shapes and dtypes are right.
+over local files and to the CPU ceiling of the same pipeline; when the 4th batch arrived (a
+loader that works on several batches at once and finishes none of them delivers its first
+batches late, and a training loop waits for them). Every row checks that each sample index
+arrived exactly once and that shapes and dtypes are right.
+
+``--step-ms N``: the training loop holds each batch N ms (a step on an accelerator: a sleep, no
+CPU), so the whole-run rate also shows what a loader's delivery order costs a training loop
+that keeps up with it: a batch that comes late idles the step, and the ones that come at once
+after it queue.
 
     .venv/bin/python benchmarks/bench_pipeline.py                # every row, 3 rounds (~10 min)
     .venv/bin/python benchmarks/bench_pipeline.py --quick        # smoke run (< 30 s)
@@ -332,26 +339,32 @@ def _check(kind: str, batches_ids: list[int], n: int) -> None:
         )
 
 
-def _timed_epoch(loader: Iterable[Any], kind: str, n: int, build_s: float) -> None:
-    """One pass of *loader* built *build_s* before ``iter()``; checks every index exactly once."""
+def _timed_epoch(loader: Iterable[Any], spec: dict[str, Any]) -> None:
+    """One pass of *loader* built ``spec["build_s"]`` before ``iter()``, each batch held
+    ``spec["step_s"]``; checks every index exactly once."""
+    kind, n, step_s = spec["kind"], spec["n"], spec.get("step_s", 0.0)
     shape, dtype = SHAPES[kind]
-    time.sleep(build_s)  # the user builds the model
+    time.sleep(spec["build_s"])  # the user builds the model
     machine0 = _machine_times()
     cpu0 = _tree_cpu()
     t0 = time.perf_counter()
-    first = 0.0
+    first = fourth = 0.0
     ids: list[int] = []
     for k, (data, index) in enumerate(loader):
         if k == 0:
             first = time.perf_counter() - t0
+        elif k == 3:
+            fourth = time.perf_counter() - t0
         if tuple(data.shape[1:]) != shape or str(data.dtype) != dtype or len(data) != len(index):
             raise AssertionError(f"bad batch: {tuple(data.shape)} {data.dtype}")
         ids.extend(index.tolist())
+        if step_s:
+            time.sleep(step_s)  # the training step, on the accelerator
     elapsed = time.perf_counter() - t0
     cpu = _tree_cpu() - cpu0  # before the loader's workers are gone
     idle = _idle_share(machine0)
     _check(kind, ids, n)
-    result(rate=n / elapsed, first=first, cpu_ms=cpu * 1000 / n, idle=idle)
+    result(rate=n / elapsed, first=first, fourth=fourth, cpu_ms=cpu * 1000 / n, idle=idle)
 
 
 def _paths(folder: Path, kind: str, n: int) -> Any:
@@ -405,7 +418,7 @@ def _child_torch_local(spec: dict[str, Any]) -> None:
     kind = spec["kind"]
     dataset = LocalFiles(_paths(Path(spec["data"]), kind, spec["n"]), TRANSFORMS[kind])
     loader = torch.utils.data.DataLoader(dataset, batch_size=BATCH, num_workers=WORKERS)
-    _timed_epoch(loader, kind, spec["n"], spec["build_s"])
+    _timed_epoch(loader, spec)
 
 
 def _child_local(spec: dict[str, Any]) -> None:
@@ -415,7 +428,7 @@ def _child_local(spec: dict[str, Any]) -> None:
         _paths(Path(spec["data"]), kind, spec["n"]), decode=TRANSFORMS[kind]
     )
     loader = asyncload.DataLoader(dataset, batch_size=BATCH, num_workers=WORKERS)
-    _timed_epoch(loader, kind, spec["n"], spec["build_s"])
+    _timed_epoch(loader, spec)
 
 
 def _remote_urls(spec: dict[str, Any]) -> Any:
@@ -434,7 +447,7 @@ def _child_remote(spec: dict[str, Any], *, in_thread: bool = False) -> None:
         _remote_urls(spec), decode=TRANSFORMS[kind], decode_in_thread=in_thread
     )
     loader = asyncload.DataLoader(dataset, batch_size=BATCH, num_workers=WORKERS)
-    _timed_epoch(loader, kind, spec["n"], spec["build_s"])
+    _timed_epoch(loader, spec)
 
 
 def _child_remote_thread(spec: dict[str, Any]) -> None:
@@ -446,7 +459,7 @@ def _child_remote_getitem(spec: dict[str, Any]) -> None:
     kind = spec["kind"]
     dataset = AsyncDecoded(_remote_urls(spec), TRANSFORMS[kind])
     loader = asyncload.DataLoader(dataset, batch_size=BATCH, num_workers=WORKERS)
-    _timed_epoch(loader, kind, spec["n"], spec["build_s"])
+    _timed_epoch(loader, spec)
 
 
 def _child_torch_threads(spec: dict[str, Any]) -> None:
@@ -456,7 +469,7 @@ def _child_torch_threads(spec: dict[str, Any]) -> None:
     prefix = f"/{BUCKET}/{CORPUS_ID[kind]}/{spec['latency']}"
     dataset = ThreadedDecoded(host, int(port), prefix, spec["n"], TRANSFORMS[kind])
     loader = torch.utils.data.DataLoader(dataset, batch_size=BATCH, num_workers=WORKERS)
-    _timed_epoch(loader, kind, spec["n"], spec["build_s"])
+    _timed_epoch(loader, spec)
 
 
 class _SpdlEpoch:
@@ -514,7 +527,7 @@ def _child_spdl(spec: dict[str, Any]) -> None:  # pragma: no cover - needs spdl
         .add_sink(4)
         .build(num_threads=WORKERS + 2)
     )
-    _timed_epoch(_SpdlEpoch(pipeline), kind, n, spec["build_s"])
+    _timed_epoch(_SpdlEpoch(pipeline), spec)
 
 
 CHILDREN: dict[str, Callable[[dict[str, Any]], None]] = {
@@ -620,6 +633,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--latencies", help=f"default {','.join(LATENCIES)} (--quick: 50)")
     parser.add_argument("--repeat", type=int, help="rounds of every row (default 3, --quick 1)")
     parser.add_argument("--build-s", type=float, help="loader built before iter() (default 2 s)")
+    parser.add_argument(
+        "--step-ms", type=float, default=0.0, help="each batch held this long (a training step)"
+    )
     parser.add_argument("--data", help="where the corpora are generated and cached")
     parser.add_argument("--json", help="write every run's numbers here")
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -660,12 +676,13 @@ def main(argv: list[str] | None = None) -> int:
                 spec = {"row": row, "kind": kind, "transport": transport, "latency": latency}
                 spec |= {"base": server.base_url, "n": sizes[kind], "data": str(folders[kind])}
                 spec["build_s"] = build_s
+                spec["step_s"] = args.step_ms / 1000
                 s0 = server.cpu()
                 got = _spawn(spec)
                 got["server_ms"] = (server.cpu() - s0) * 1000 / sizes[kind]
                 runs[key].append(got)
     load1 = os.getloadavg()
-    _print(runs, sizes, rounds, build_s, load0, load1)
+    _print(runs, sizes, rounds, build_s, args.step_ms, load0, load1)
     if args.json:
         Path(args.json).write_text(
             json.dumps(
@@ -688,6 +705,7 @@ def _print(
     sizes: dict[str, int],
     rounds: int,
     build_s: float,
+    step_ms: float,
     load0: tuple[float, float, float],
     load1: tuple[float, float, float],
 ) -> None:
@@ -698,9 +716,12 @@ def _print(
     for key, got in runs.items():
         idles = [r["idle"] for r in got if r.get("idle") is not None]
         med[key]["idle"] = statistics.median(idles) if idles else math.nan
+        fourths = [r["fourth"] for r in got if r.get("fourth")]
+        med[key]["fourth"] = statistics.median(fourths) if fourths else math.nan
     print(
         f"\nWhole runs, batch {BATCH}, {WORKERS} workers, loaders built {build_s:g} s before "
-        f"iter(), fresh interpreter per row, median of {rounds} round(s) per column; "
+        f"iter(), {f'each batch held {step_ms:g} ms (a training step), ' if step_ms else ''}"
+        f"fresh interpreter per row, median of {rounds} round(s) per column; "
         f"load average {load0[0]:.2f} before, {load1[0]:.2f} after ({os.cpu_count()} CPUs).\n"
         "CPU ms/sample: the row's process tree (main + workers + their children), user + system;"
         "\nserver ms/sample: the loopback object server's, not counted in the row's;\n"
@@ -712,9 +733,9 @@ def _print(
         print(f"{kind}: {sizes[kind]} samples")
         print(
             "| transport | latency | row | samples/s | CPU ms/sample | server ms/sample | idle "
-            "| / torch local | / ceiling |"
+            "| 4th batch s | / torch local | / ceiling |"
         )
-        print("|---|---|---|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|---|---|---|")
         torch_local = med.get((kind, "torch-local", "local", "-"), {}).get("rate")
         ceiling = med.get((kind, "ceiling", "local", "-"), {}).get("rate")
         for (k, row, transport, latency), m in med.items():
@@ -724,9 +745,10 @@ def _print(
             vs_ceiling = f"{m['rate'] / ceiling:.2f}" if ceiling else "-"
             server = f"{m['server_ms']:.2f}" if transport != "local" else "-"
             idle = "-" if math.isnan(m["idle"]) else f"{m['idle']:.0%}"
+            fourth = "-" if math.isnan(m["fourth"]) else f"{m['fourth']:.2f}"
             print(
                 f"| {transport} | {latency} | {LABELS[row]} | {m['rate']:,.0f} "
-                f"| {m['cpu_ms']:.2f} | {server} | {idle} | {vs_torch} | {vs_ceiling} |"
+                f"| {m['cpu_ms']:.2f} | {server} | {idle} | {fourth} | {vs_torch} | {vs_ceiling} |"
             )
         print()
         _targets(kind, med)
