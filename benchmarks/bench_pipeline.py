@@ -39,15 +39,17 @@ processes; user + system, reaped children included; the object server is NOT cou
 stands in for remote storage) and, separately, the object server's CPU ms/sample; the share
 of the machine's CPU time that was idle during the row (``/proc/stat``; ``-`` for the ceiling,
 whose processes load before they start, and where there is no ``/proc``); the ratios to torch
-over local files and to the CPU ceiling of the same pipeline; when the 4th batch arrived (a
-loader that works on several batches at once and finishes none of them delivers its first
-batches late, and a training loop waits for them). Every row checks that each sample index
-arrived exactly once and that shapes and dtypes are right.
+over local files and to the CPU ceiling of the same pipeline; when the training loop took the
+4th batch (a loader that works on several batches at once and finishes none of them delivers
+its first batches late, and a training loop waits for them; ``-`` for the ceiling and for
+passes of fewer than 4 batches). Every row checks that each sample index arrived exactly once
+and that shapes and dtypes are right.
 
 ``--step-ms N``: the training loop holds each batch N ms (a step on an accelerator: a sleep, no
 CPU), so the whole-run rate also shows what a loader's delivery order costs a training loop
 that keeps up with it: a batch that comes late idles the step, and the ones that come at once
-after it queue.
+after it queue. The 4th batch's time then includes the 3 steps before it, and a loader held
+back by the steps idles the machine: compare such rows only with rows of the same step.
 
     .venv/bin/python benchmarks/bench_pipeline.py                # every row, 3 rounds (~10 min)
     .venv/bin/python benchmarks/bench_pipeline.py --quick        # smoke run (< 30 s)
@@ -348,7 +350,8 @@ def _timed_epoch(loader: Iterable[Any], spec: dict[str, Any]) -> None:
     machine0 = _machine_times()
     cpu0 = _tree_cpu()
     t0 = time.perf_counter()
-    first = fourth = 0.0
+    first = 0.0
+    fourth: float | None = None  # a pass of fewer than 4 batches has none
     ids: list[int] = []
     for k, (data, index) in enumerate(loader):
         if k == 0:
@@ -641,6 +644,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--serve", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.step_ms < 0:
+        parser.error(f"--step-ms must be 0 or more, got {args.step_ms:g}")
     if args.child:
         spec = json.loads(args.child)
         CHILDREN[spec["row"]](spec)
@@ -689,6 +694,8 @@ def main(argv: list[str] | None = None) -> int:
                 {
                     "load_before": load0,
                     "load_after": load1,
+                    "build_s": build_s,
+                    "step_ms": args.step_ms,
                     "runs": [
                         {"pipeline": k, "row": r, "transport": t, "latency": lat, "runs": v}
                         for (k, r, t, lat), v in runs.items()
@@ -716,7 +723,7 @@ def _print(
     for key, got in runs.items():
         idles = [r["idle"] for r in got if r.get("idle") is not None]
         med[key]["idle"] = statistics.median(idles) if idles else math.nan
-        fourths = [r["fourth"] for r in got if r.get("fourth")]
+        fourths = [r["fourth"] for r in got if r.get("fourth") is not None]
         med[key]["fourth"] = statistics.median(fourths) if fourths else math.nan
     print(
         f"\nWhole runs, batch {BATCH}, {WORKERS} workers, loaders built {build_s:g} s before "
@@ -727,7 +734,9 @@ def _print(
         "\nserver ms/sample: the loopback object server's, not counted in the row's;\n"
         "idle: the machine's share of CPU time with nothing to run during the row (where a row "
         "bound by the CPU\nloses to one over local files with little idle, it is latency hiding "
-        "that is missing, not CPU).\n"
+        "that is missing, not CPU"
+        f"{'; with a training step, a loader held back by it idles too' if step_ms else ''}).\n"
+        "4th batch s: when the training loop took it (after 3 steps, with one).\n"
     )
     for kind in dict.fromkeys(k for k, *_ in runs):
         print(f"{kind}: {sizes[kind]} samples")

@@ -26,7 +26,8 @@ the store's limit in 8 runs, 0.89 in 11 without). 1 KB records at 0 ms (``bench_
 94-100 µs of CPU per sample against 92-96, the check's cost where every turn is many answers;
 since then the check reads the thread's CPU clock (a system call) only once the turn's wall time
 is past the budget, and the poll's callback reads none: 160 ns a check instead of 590, 32
-checks a turn (``LoopTurns.due``).
+checks a turn (``LoopTurns.due``). The line of waiting reads (below) adds ~90 ns a read: 350 ns
+a check against 260 without it, measured on 2026-11-29, when this machine ran at half the speed.
 
 The reads that wait go on in a later turn in order of need: the batch their sample belongs to
 (the engine's send order, the head batch first; ``_dataset/cpu.py``'s ``priority``), then the
@@ -167,12 +168,13 @@ class LoopTurns:
         """Whether a read that just finished should ``wait``: its turn ran past the budget
         (``due``), or reads are in line (going past them would take their place). Called from
         a task of a running loop: on another than this one's, never."""
-        loop = asyncio.get_running_loop()
         if self._loop is None:
-            self._loop = loop
-        elif loop is not self._loop:
-            return False
-        return self._in_line > 0 or self.due()
+            self._loop = asyncio.get_running_loop()
+        if self._in_line == 0 and not self.due():
+            return False  # most reads: no loop looked up (that cost ~0.4 µs a read)
+        # A read on another loop (a read_sync in a thread that copied the worker's context) goes
+        # on; its due() at most marks the worker's turn early, as it always did.
+        return asyncio.get_running_loop() is self._loop
 
     async def wait(self) -> None:
         """Wait for a later turn of the loop, in line by the running sample's priority.
@@ -202,7 +204,7 @@ class LoopTurns:
         # Queued with call_soon: runs in the next turn, after its poll. All go, not a budget's
         # worth a turn: shorter turns read fewer answers each, and that cost samples over S3
         # (bench_pipeline's JPEGs at 50 ms, 5 interleaved pairs: a median 0.86 of the rate,
-        # with more CPU a sample in every pair).
+        # with more CPU a sample in 4 of them).
         self._letting_go = False
         waiting, self._waiting = self._waiting, []
         waiting.sort()  # arrival numbers are unique: futures are never compared
