@@ -111,6 +111,9 @@ PER_TURN = 8
 # connection every 10 ms or slower spreads any two of them further. (Not a share of the
 # latency: a server that accepts every 15 ms and answers in 900 ms would pass 5% of it.)
 QUICK_SPREAD = 0.010
+# A host's answered connections are pruned of closed ones once they are this many, and then
+# twice as many as were left: a pool that churns its connections does not grow the set for good.
+_PRUNE_AT = 64
 
 
 # The host and connection key of the request whose connection this task opens (_create_connection
@@ -133,6 +136,7 @@ def _close_connected(task: asyncio.Task[Any]) -> None:
 
 class _Host:
     __slots__ = (
+        "_prune_at",
         "fastest",
         "firsts",
         "kept",
@@ -160,7 +164,8 @@ class _Host:
         # answered that burst together (see module doc).
         self.firsts: list[float] = []
         self.quick: bool | None = None
-        self.proven: set[Any] = set()
+        self.proven: set[Any] = set()  # answered connections (closed ones pruned now and then)
+        self._prune_at = _PRUNE_AT
         self.kept: set[Any] = set()  # connections that went back to the pool after a response
         self.most = 0  # the most of those held at once
         self.waiters: collections.deque[asyncio.Future[None]] = collections.deque()
@@ -172,8 +177,10 @@ class _Host:
         # server that closes after each response (HTTP/1.0, http.server) stays at `burst`.
         # A connection still reading its body also says `should_close` (aiohttp: its payload
         # is not at EOF): it counts again once released, so it is skipped now, not forgotten.
-        self.proven = {p for p in self.proven if p.is_connected()}
-        kept = sum(1 for p in self.proven if not p.should_close)
+        self._prune()
+        return self._limit(burst, sum(1 for p in self.proven if not p.should_close))
+
+    def _limit(self, burst: int, kept: int) -> int:
         growth = QUICK_GROWTH if self.quick else GROWTH
         # What the host has proven (the process's memory, which this connector teaches too): a
         # pool emptied mid-pass (a `break` closes the requests in flight) starts again from
@@ -183,9 +190,28 @@ class _Host:
         cap = self.memory.cap(self.key)  # the context's: a hedge session's overflow counts too
         return limit if cap is None else min(limit, cap)
 
-    def room(self, burst: int) -> int:
-        """New connections that may be opened now."""
-        return self.limit(burst) - self.pending - len(self.unproven)
+    def room(self, burst: int, *, need: int = 1) -> int:
+        """New connections that may be opened now, exact up to *need*: where at least that
+        many are sure without counting the pool's kept-alive connections, that lower bound
+        (only ``min(room, need)`` is exact)."""
+        under_way = self.pending + len(self.unproven)
+        # The limit with none kept alive bounds it from below. Counting them walks the whole
+        # pool, and a busy pool is asked on every release with requests waiting and on every
+        # request that finds no idle connection: with 128 connections and 1 KB answers at
+        # 0 ms, HttpBackend.read took 296-364 us of CPU a request with the walk, 236-247
+        # without (128 tasks, 3 interleaved pairs).
+        sure = self._limit(burst, 0) - under_way
+        return sure if sure >= need else self.limit(burst) - under_way
+
+    def prove(self, proto: Any) -> None:
+        """*proto*, a new connection, got its first response."""
+        self.proven.add(proto)
+        if len(self.proven) >= self._prune_at:  # closed ones go now and then, not every time
+            self._prune()
+
+    def _prune(self) -> None:
+        self.proven = {p for p in self.proven if p.is_connected()}
+        self._prune_at = max(_PRUNE_AT, 2 * len(self.proven))
 
     def kept_alive(self, proto: Any) -> None:
         """*proto* went back to the pool after a response: the server keeps connections alive.
@@ -511,7 +537,8 @@ class PacedConnector(aiohttp.TCPConnector):
         """Wake as many waiters as there are idle connections and room for new ones."""
         if host.waiters:
             idle = len(self._conns.get(key, ()))
-            host.wake(max(host.room(self._pace_burst), 0) + idle - host.woken)
+            need = len(host.waiters) + host.woken - idle  # room enough to wake them all
+            host.wake(max(host.room(self._pace_burst, need=need), 0) + idle - host.woken)
 
     def _release(self, key: Any, protocol: Any, *, should_close: bool = False) -> None:
         pooled = not (self._closed or self._force_close or should_close or protocol.should_close)
@@ -534,7 +561,7 @@ class PacedConnector(aiohttp.TCPConnector):
             return
         host, key, started = found
         if answered:
-            host.proven.add(proto)
+            host.prove(proto)
             latency: float | None = asyncio.get_running_loop().time() - started
         else:
             latency = None
