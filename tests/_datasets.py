@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 import asyncload
+from asyncload._control import turns as _turns
 from asyncload._engine import WorkerConfig, WorkerOptions
 
 
@@ -78,6 +79,22 @@ class Numbers(asyncload.Dataset[int]):
             raise ValueError(f"bad sample {index}")
         body = await asyncload.read(f"{self.base}/{index}")
         return int(body)
+
+
+class TurnRank(asyncload.Dataset[tuple[int, int]]):
+    """Item i is ``(i, rank)``: where a read finishing now would queue for its worker's next
+    turn of the loop (``_control/turns.py``), the batch order its worker wires in."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    async def __getitem__(self, index: int) -> tuple[int, int]:
+        loop_turns = _turns.turns.get()
+        assert loop_turns is not None, "no loop turns in this worker"
+        return index, loop_turns._priority()  # the rank its line is sorted by
 
 
 class InFlight(asyncload.Dataset[tuple[int, int]]):

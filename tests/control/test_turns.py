@@ -19,7 +19,7 @@ import uvloop
 import asyncload
 from asyncload._control import turns as _turns
 
-from .._datasets import spin
+from .._datasets import TurnRank, spin
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -144,6 +144,21 @@ def test_storage_reads_pause_on_a_busy_loop(tmp_path: Path) -> None:
         return loop_turns.pauses
 
     assert asyncio.run(main()) >= 1
+
+
+@pytest.mark.parametrize("in_order", [True, False])
+def test_a_workers_turns_rank_its_reads_by_their_batch(in_order: bool) -> None:
+    # The wiring of _workers/child.py: each worker's turns rank a waiting read by its
+    # sample's batch (the engine's send order), whichever worker reads it.
+    loader = asyncload.DataLoader(
+        TurnRank(24), batch_size=4, num_workers=2, in_order=in_order, collate_fn=list
+    )
+    batches = list(loader)
+    del loader  # its standby workers go now, not with a failed assert's traceback
+    assert sorted(i for b in batches for i, _ in b) == list(range(24))
+    for batch in batches:
+        (rank,) = {r for _, r in batch}  # one rank for a whole batch
+        assert [i for i, _ in batch] == list(range(4 * rank, 4 * rank + 4))
 
 
 batch: contextvars.ContextVar[int] = contextvars.ContextVar("batch", default=0)
